@@ -1,0 +1,1 @@
+"""Helpers for Chapter 2: devices, downloads, offline stand-ins, generation."""

@@ -1,0 +1,184 @@
+"""Greedy text generation as written in Chapter 2 (listings 2.2-2.4).
+
+The two generators stream one token at a time so a notebook can print text as
+it appears. They pick the most likely next token (argmax) and stop early when
+the model produces the end-of-sequence token. `generate_stats` reports speed
+and memory the way the book's Table 2.1 does.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from reasoning_from_scratch.qwen3 import KVCache
+
+
+def check_generation_inputs(
+    model: torch.nn.Module, token_ids: torch.Tensor, max_new_tokens: int
+) -> None:
+    """Raise a ValueError that says what to fix when generation cannot work."""
+    if not isinstance(token_ids, torch.Tensor):
+        raise ValueError(
+            "token_ids must be a tensor, e.g. "
+            "torch.tensor(tokenizer.encode(prompt)).unsqueeze(0)"
+        )
+    if token_ids.ndim != 2:
+        raise ValueError(
+            f"token_ids must have shape (batch, num_tokens), got "
+            f"{tuple(token_ids.shape)}; add the batch dimension with "
+            f".unsqueeze(0)"
+        )
+    if token_ids.shape[1] == 0:
+        raise ValueError("The prompt is empty: encode at least one token.")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise ValueError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None and "context_length" in cfg:
+        total = token_ids.shape[1] + max_new_tokens
+        if total > cfg["context_length"]:
+            raise ValueError(
+                f"Prompt ({token_ids.shape[1]} tokens) + max_new_tokens "
+                f"({max_new_tokens}) = {total} exceeds the model's context "
+                f"length of {cfg['context_length']}; shorten the prompt or "
+                f"ask for fewer new tokens."
+            )
+
+
+def _is_eos(next_token: torch.Tensor, eos_token_id: int | None) -> bool:
+    return eos_token_id is not None and bool(torch.all(next_token == eos_token_id))
+
+
+@torch.inference_mode()
+def _stream(model, token_ids, max_new_tokens, eos_token_id):
+    model.eval()
+    for _ in range(max_new_tokens):
+        # Re-run the whole sequence and keep the logits of the last position
+        out = model(token_ids)[:, -1]  # (batch, vocab_size)
+        next_token = torch.argmax(out, dim=-1, keepdim=True)  # (batch, 1)
+        if _is_eos(next_token, eos_token_id):
+            break
+        yield next_token
+        token_ids = torch.cat([token_ids, next_token], dim=1)
+
+
+def generate_text_basic_stream(
+    model: torch.nn.Module,
+    token_ids: torch.Tensor,
+    max_new_tokens: int,
+    eos_token_id: int | None = None,
+) -> Iterator[torch.Tensor]:
+    """Yield greedy next tokens (shape (batch, 1)) without a KV cache.
+
+    Every step feeds the full sequence through the model again, which is
+    simple but makes step t cost O(t) work.
+    """
+    check_generation_inputs(model, token_ids, max_new_tokens)
+    return _stream(model, token_ids, max_new_tokens, eos_token_id)
+
+
+@torch.inference_mode()
+def _stream_cache(model, token_ids, max_new_tokens, eos_token_id):
+    model.eval()
+    cache = KVCache(n_layers=model.cfg["n_layers"])
+    model.reset_kv_cache()
+    # Prefill: the prompt goes through once and fills the cache
+    out = model(token_ids, cache=cache)[:, -1]
+    for _ in range(max_new_tokens):
+        next_token = torch.argmax(out, dim=-1, keepdim=True)
+        if _is_eos(next_token, eos_token_id):
+            break
+        yield next_token
+        # Decode: only the new token goes in; keys/values come from the cache
+        out = model(next_token, cache=cache)[:, -1]
+
+
+def generate_text_basic_stream_cache(
+    model: torch.nn.Module,
+    token_ids: torch.Tensor,
+    max_new_tokens: int,
+    eos_token_id: int | None = None,
+) -> Iterator[torch.Tensor]:
+    """Yield the same tokens as `generate_text_basic_stream`, using the book's
+    KVCache so each step processes only the newest token."""
+    check_generation_inputs(model, token_ids, max_new_tokens)
+    return _stream_cache(model, token_ids, max_new_tokens, eos_token_id)
+
+
+def process_memory_bytes() -> tuple[int, int]:
+    """(current, peak) resident memory of this process in bytes (CPU runs)."""
+    import psutil
+
+    current = psutil.Process().memory_info().rss
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports kilobytes, macOS bytes
+    peak = peak if sys.platform == "darwin" else peak * 1024
+    return current, max(peak, current)
+
+
+def _accelerator_backend(device: torch.device):
+    if device.type in ("cuda", "xpu", "mps"):
+        backend = getattr(torch, device.type, None)
+        if backend is not None and backend.is_available():
+            return backend
+    return None
+
+
+def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
+    """Peak memory for `device` and what the figure means.
+
+    CUDA/XPU: peak tensor memory allocated since the last reset; MPS: memory
+    currently held by the allocator; CPU: peak resident size of the process.
+    """
+    backend = _accelerator_backend(device)
+    if backend is not None:
+        backend.synchronize()
+        if device.type == "mps":
+            return int(torch.mps.driver_allocated_memory()), "MPS memory held"
+        return int(backend.max_memory_allocated()), (
+            f"Max {device.type.upper()} memory allocated"
+        )
+    return process_memory_bytes()[1], "Peak process memory (RSS)"
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a fresh peak-memory measurement on CUDA/XPU (no-op elsewhere)."""
+    backend = _accelerator_backend(device)
+    if backend is not None and hasattr(backend, "reset_peak_memory_stats"):
+        backend.reset_peak_memory_stats()
+
+
+def generate_stats(
+    output_token_ids: torch.Tensor,
+    tokenizer: Any,
+    start_time: float,
+    end_time: float,
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """Print (unless quiet) and return time, tokens/sec and peak memory for
+    one generation run, as in the book's Table 2.1."""
+    total_time = end_time - start_time
+    if total_time <= 0:
+        raise ValueError("end_time must be later than start_time")
+    num_tokens = int(output_token_ids.numel())
+    device = output_token_ids.device
+    mem_bytes, mem_label = peak_memory_bytes(device)
+    stats = {
+        "time_s": total_time,
+        "num_tokens": num_tokens,
+        "tokens_per_sec": num_tokens / total_time,
+        "peak_mem_bytes": mem_bytes,
+        "memory_kind": mem_label,
+        "device": str(device),
+    }
+    if not quiet:
+        print(f"\n\nTime: {total_time:.2f} sec")
+        print(f"{int(stats['tokens_per_sec'])} tokens/sec")
+        print(f"{mem_label}: {mem_bytes / 1024**3:.2f} GB")
+    reset_peak_memory(device)
+    return stats

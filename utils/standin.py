@@ -1,0 +1,221 @@
+"""Offline stand-ins for the Qwen3 0.6B files, for machines without internet.
+
+With `QWEN3_STANDIN=1`, `download_qwen3_small` writes these instead of
+downloading:
+
+* the tokenizer: the exact Qwen3 tokenizer, rebuilt from the Qwen BPE ranks
+  that ship inside the `dashscope` wheel (see `utils.qwen3_tokenizer`);
+* the weights: a seeded random initialisation of the real 0.6B shape (bf16).
+  Same architecture, memory and speed as the real model, but the text it
+  writes is gibberish.
+
+Every stand-in file gets a sidecar `<file>.STANDIN.json` on disk, the weights
+also carry the mark inside the checkpoint, and `print_standin_banner` says so
+whenever one is used. Builds are cached under `standin_cache_dir()` so a second
+call only links the cached file into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STANDIN_ENV = "QWEN3_STANDIN"
+CACHE_ENV = "QWEN3_STANDIN_CACHE"
+SIDECAR_SUFFIX = ".STANDIN.json"
+MARK_KEY = "qwen3_standin"  # key in the checkpoint's `_metadata`
+FORMAT_VERSION = 1
+SEEDS = {"base": 20250601, "reasoning": 20250602}
+
+BANNER = (
+    "*** STAND-IN WEIGHTS: random Qwen3-0.6B-shaped weights, not the real "
+    "model. Shapes, memory and speed are real; generated text is gibberish. ***"
+)
+
+
+def standin_enabled() -> bool:
+    """True when `QWEN3_STANDIN` asks for offline stand-ins (1/true/yes/on)."""
+    return os.environ.get(STANDIN_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def standin_cache_dir() -> Path:
+    """Where built stand-ins are kept (`QWEN3_STANDIN_CACHE` or ~/.cache)."""
+    root = os.environ.get(CACHE_ENV)
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))
+    return Path(xdg) / "qwen3-ch02-standin"
+
+
+def sidecar_path(path: str | os.PathLike) -> Path:
+    """The marker file that labels `path` as a stand-in."""
+    path = Path(path)
+    return path.with_name(path.name + SIDECAR_SUFFIX)
+
+
+def is_standin(path: str | os.PathLike) -> bool:
+    """Whether `path` is a stand-in file (its sidecar marker exists)."""
+    return sidecar_path(path).is_file()
+
+
+def print_standin_banner() -> None:
+    """Print the one-line warning that stand-in weights are in use."""
+    print(BANNER)
+
+
+def _write_sidecar(path: Path, info: Mapping[str, Any]) -> None:
+    record = {
+        "standin": True,
+        "what": "Offline stand-in, NOT the real Qwen3 file. "
+        "Unset QWEN3_STANDIN and download again to get the real one.",
+        "format_version": FORMAT_VERSION,
+        **info,
+    }
+    _atomic_write_bytes(sidecar_path(path), json.dumps(record, indent=2).encode())
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _place(cached: Path, dest: Path) -> None:
+    """Put a cached build at `dest`: a hard link when possible, else a copy.
+    The destination appears atomically (temp name, then rename)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.standin-tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        try:
+            os.link(cached, tmp)
+        except OSError:
+            shutil.copyfile(cached, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+# --------------------------------------------------------------------------
+# Weights
+# --------------------------------------------------------------------------
+
+
+def standin_state_dict(cfg: Mapping[str, Any], seed: int) -> dict[str, torch.Tensor]:
+    """A seeded random state dict with the keys and shapes of the book's
+    `Qwen3Model(cfg)`, in `cfg["dtype"]`.
+
+    Linear layers are drawn from N(0, 0.02^2) like a fresh Qwen3; the norm
+    scales are ones, except the final norm, which is scaled up so the output
+    logits spread widely and greedy decoding is stable across float formats.
+    The output head is tied to the token embedding, as in Qwen3-0.6B.
+    """
+    from reasoning_from_scratch.qwen3 import Qwen3Model
+
+    with torch.device("meta"):
+        shapes = {k: (v.shape, v.dtype) for k, v in Qwen3Model(dict(cfg)).state_dict().items()}
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for name, (shape, dtype) in shapes.items():
+        if name == "out_head.weight":
+            continue  # tied below
+        if name.endswith("scale"):
+            value = 4.0 if name == "final_norm.scale" else 1.0
+            out[name] = torch.full(shape, value, dtype=dtype)
+        else:
+            out[name] = (torch.randn(shape, generator=gen) * 0.02).to(dtype)
+    # A separate copy, so the file has the size of the book's checkpoint
+    out["out_head.weight"] = out["tok_emb.weight"].clone()
+    return out
+
+
+def save_marked_state_dict(state_dict: Mapping[str, torch.Tensor], path: Path, note: str) -> None:
+    """Save a state dict with the stand-in mark in its `_metadata`, which
+    `load_state_dict` ignores, so the mark travels with the file itself."""
+    from collections import OrderedDict
+
+    sd = OrderedDict(state_dict)
+    sd._metadata = OrderedDict({MARK_KEY: {"standin": True, "note": note}})  # type: ignore[attr-defined]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    os.close(fd)
+    os.chmod(name, 0o644)
+    tmp = Path(name)
+    try:
+        torch.save(sd, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def checkpoint_is_marked(path: str | os.PathLike) -> bool:
+    """Whether a .pth checkpoint carries the stand-in mark inside it."""
+    sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    meta = getattr(sd, "_metadata", None) or {}
+    return bool(meta.get(MARK_KEY, {}).get("standin"))
+
+
+def write_standin_weights(
+    path: str | os.PathLike,
+    kind: str = "base",
+    cfg: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write stand-in weights for `kind` ("base"/"reasoning") to `path`.
+
+    With the default config (the real 0.6B shape) the build is cached and
+    deterministic; a custom `cfg` (tiny test models) is built directly.
+    """
+    from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B
+
+    if kind not in SEEDS:
+        raise ValueError(f"kind must be 'base' or 'reasoning', got {kind!r}")
+    path = Path(path)
+    seed = SEEDS[kind]
+    note = f"stand-in Qwen3 {kind} weights, seed {seed}"
+    if cfg is None or dict(cfg) == QWEN_CONFIG_06_B:
+        cached = standin_cache_dir() / f"v{FORMAT_VERSION}" / f"qwen3-0.6B-{kind}.pth"
+        if not cached.is_file():
+            save_marked_state_dict(standin_state_dict(QWEN_CONFIG_06_B, seed), cached, note)
+        _place(cached, path)
+    else:
+        save_marked_state_dict(standin_state_dict(cfg, seed), path, note)
+    _write_sidecar(path, {"kind": kind, "seed": seed, "file": "weights"})
+    return path
+
+
+# --------------------------------------------------------------------------
+# Tokenizer
+# --------------------------------------------------------------------------
+
+
+def write_standin_tokenizer(path: str | os.PathLike, kind: str = "base") -> Path:
+    """Write the rebuilt Qwen3 tokenizer JSON to `path` (cached after the
+    first build). Base and reasoning files are the same; the book's
+    `Qwen3Tokenizer` picks the end-of-sequence token from the file name."""
+    from utils.qwen3_tokenizer import build_qwen3_tokenizer_json
+
+    if kind not in SEEDS:
+        raise ValueError(f"kind must be 'base' or 'reasoning', got {kind!r}")
+    path = Path(path)
+    cached = standin_cache_dir() / f"v{FORMAT_VERSION}" / "tokenizer.json"
+    if not cached.is_file():
+        _atomic_write_bytes(cached, build_qwen3_tokenizer_json().encode("utf-8"))
+    _place(cached, path)
+    _write_sidecar(path, {"kind": kind, "file": "tokenizer"})
+    return path
