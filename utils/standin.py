@@ -128,7 +128,9 @@ def standin_state_dict(cfg: Mapping[str, Any], seed: int) -> dict[str, torch.Ten
     from reasoning_from_scratch.qwen3 import Qwen3Model
 
     with torch.device("meta"):
-        shapes = {k: (v.shape, v.dtype) for k, v in Qwen3Model(dict(cfg)).state_dict().items()}
+        shapes = {
+            k: (v.shape, v.dtype) for k, v in Qwen3Model(dict(cfg)).state_dict().items()
+        }
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
     for name, (shape, dtype) in shapes.items():
@@ -144,7 +146,9 @@ def standin_state_dict(cfg: Mapping[str, Any], seed: int) -> dict[str, torch.Ten
     return out
 
 
-def save_marked_state_dict(state_dict: Mapping[str, torch.Tensor], path: Path, note: str) -> None:
+def save_marked_state_dict(
+    state_dict: Mapping[str, torch.Tensor], path: Path, note: str
+) -> None:
     """Save a state dict with the stand-in mark in its `_metadata`, which
     `load_state_dict` ignores, so the mark travels with the file itself."""
     from collections import OrderedDict
@@ -152,7 +156,9 @@ def save_marked_state_dict(state_dict: Mapping[str, torch.Tensor], path: Path, n
     sd = OrderedDict(state_dict)
     sd._metadata = OrderedDict({MARK_KEY: {"standin": True, "note": note}})  # type: ignore[attr-defined]
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    fd, name = tempfile.mkstemp(
+        dir=path.parent, prefix=f".{path.name}.", suffix=".part"
+    )
     os.close(fd)
     os.chmod(name, 0o644)
     tmp = Path(name)
@@ -191,7 +197,9 @@ def write_standin_weights(
     if cfg is None or dict(cfg) == QWEN_CONFIG_06_B:
         cached = standin_cache_dir() / f"v{FORMAT_VERSION}" / f"qwen3-0.6B-{kind}.pth"
         if not cached.is_file():
-            save_marked_state_dict(standin_state_dict(QWEN_CONFIG_06_B, seed), cached, note)
+            save_marked_state_dict(
+                standin_state_dict(QWEN_CONFIG_06_B, seed), cached, note
+            )
         _place(cached, path)
     else:
         save_marked_state_dict(standin_state_dict(cfg, seed), path, note)
