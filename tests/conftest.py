@@ -8,5 +8,4 @@ import pytest
 def pytest_configure(config: pytest.Config) -> None:
     # Set before any notebook kernel starts, so nbval kernels inherit it too.
     os.environ.setdefault("QWEN3_STANDIN", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
