@@ -1,0 +1,76 @@
+"""Shared files for the token-view, widget and CLI tests.
+
+Stand-ins are written once per test session into one temporary folder (and
+its own stand-in cache, unless QWEN3_STANDIN_CACHE is already set), so the
+tokenizer and the 0.6B stand-in weights are built at most once.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model, Qwen3Tokenizer
+
+from utils.standin import CACHE_ENV
+
+TINY_CFG = {
+    **QWEN_CONFIG_06_B,
+    "context_length": 256,
+    "emb_dim": 64,
+    "n_heads": 2,
+    "n_layers": 2,
+    "hidden_dim": 128,
+    "head_dim": 32,
+    "n_kv_groups": 1,
+    "dtype": torch.float32,
+}
+
+
+def standin_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's stand-in folder (the same path for every caller)."""
+    root = tmp_path_factory.getbasetemp() / "qwen3-view-standins"
+    root.mkdir(exist_ok=True)
+    return root
+
+
+def standin_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Environment for subprocesses and in-process downloads."""
+    root = standin_root(tmp_path_factory)
+    env = dict(os.environ)
+    env["QWEN3_STANDIN"] = "1"
+    env.setdefault(CACHE_ENV, str(root / "cache"))
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    return env
+
+
+def standin_files(
+    tmp_path_factory: pytest.TempPathFactory, kind: str, tokenizer_only: bool
+) -> tuple[Path, Path | None]:
+    """Write (or reuse) the stand-in files of `kind` in the session folder."""
+    from utils.download import download_qwen3_small
+
+    env = standin_env(tmp_path_factory)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QWEN3_STANDIN", "1")
+        mp.setenv(CACHE_ENV, env[CACHE_ENV])
+        files = download_qwen3_small(
+            kind, tokenizer_only=tokenizer_only, out_dir=standin_root(tmp_path_factory)
+        )
+    return files.tokenizer, files.model
+
+
+def tiny_model(seed: int = 0) -> Qwen3Model:
+    """A small random Qwen3 with the real vocabulary (float32, CPU)."""
+    torch.manual_seed(seed)
+    model = Qwen3Model(TINY_CFG)
+    # Spread the logits so greedy choices are clear-cut
+    with torch.no_grad():
+        model.final_norm.scale.fill_(8.0)
+    return model.eval()
+
+
+def load_tokenizer(path: Path, **kwargs) -> Qwen3Tokenizer:
+    return Qwen3Tokenizer(str(path), **kwargs)
