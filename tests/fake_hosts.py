@@ -1,0 +1,186 @@
+"""A loopback HTTP server that plays the Hugging Face Hub, its CDN and the
+Backblaze mirror in download tests: programmable files and faults, and a log
+of every request it saw."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class Resource:
+    """What the server answers for one path.
+
+    status: answer this status with an empty body instead of the data.
+    redirect: answer 302 to this URL (with `headers`, like the Hub's /resolve).
+    drop_after: for the n-th GET (in order), close the connection after sending
+        this many body bytes; None entries serve normally.
+    honour_range: answer Range requests with 206 (else always 200, full body).
+    body: bytes actually sent (defaults to `data`), to play a lying server.
+    """
+
+    data: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+    status: int = 200
+    redirect: str | None = None
+    drop_after: list[int | None] = field(default_factory=list)
+    honour_range: bool = True
+    body: bytes | None = None
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+
+
+class FakeHost:
+    """Threaded HTTP/1.1 server on 127.0.0.1; use as a context manager."""
+
+    def __init__(self) -> None:
+        self.resources: dict[str, Resource] = {}
+        self.requests: list[Seen] = []
+        self._lock = threading.Lock()
+        host = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def do_HEAD(self) -> None:
+                host._serve(self, head=True)
+
+            def do_GET(self) -> None:
+                host._serve(self, head=False)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> FakeHost:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def seen(self, method: str | None = None, contains: str = "") -> list[Seen]:
+        """Requests seen so far, optionally filtered by method and path part."""
+        with self._lock:
+            return [
+                r
+                for r in self.requests
+                if (method is None or r.method == method) and contains in r.path
+            ]
+
+    def _serve(self, h: BaseHTTPRequestHandler, head: bool) -> None:
+        with self._lock:
+            self.requests.append(
+                Seen(h.command, h.path, {k.lower(): v for k, v in h.headers.items()})
+            )
+            res = self.resources.get(h.path)
+            drop = None
+            if res is not None and not head and res.drop_after:
+                drop = res.drop_after.pop(0)
+        if res is None:
+            return self._send_empty(h, 404, {})
+        if res.redirect is not None:
+            return self._send_empty(h, 302, {**res.headers, "Location": res.redirect})
+        if res.status != 200:
+            return self._send_empty(h, res.status, res.headers)
+
+        body = res.data if res.body is None else res.body
+        total = len(res.data)
+        status, start = 200, 0
+        rng = h.headers.get("Range")
+        if rng and res.honour_range:
+            start = int(rng.removeprefix("bytes=").split("-")[0])
+            if start >= total:
+                return self._send_empty(h, 416, {"Content-Range": f"bytes */{total}"})
+            status = 206
+        payload = body[start:]
+        h.send_response(status)
+        for k, v in res.headers.items():
+            h.send_header(k, v)
+        h.send_header("Accept-Ranges", "bytes")
+        if status == 206:
+            h.send_header("Content-Range", f"bytes {start}-{total - 1}/{total}")
+        h.send_header("Content-Length", str(total - start))
+        h.end_headers()
+        if head:
+            return
+        if drop is not None:
+            h.wfile.write(payload[:drop])
+            h.wfile.flush()
+            h.close_connection = True
+            return
+        h.wfile.write(payload)
+
+    @staticmethod
+    def _send_empty(h: BaseHTTPRequestHandler, status: int, headers: dict) -> None:
+        h.send_response(status)
+        for k, v in headers.items():
+            h.send_header(k, v)
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+HUB_PREFIX = "/rasbt/qwen3-from-scratch/resolve/main/"
+MIRROR_PREFIX = "/file/reasoning-from-scratch/qwen3-0.6B/"
+
+
+def git_blob_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def serve_like_hub(hub: FakeHost, cdn: FakeHost, name: str, data: bytes) -> Resource:
+    """Publish `data` the way the Hub does: JSON files straight from /resolve
+    with the git blob id as ETag; .pth files as LFS, i.e. a 302 to a CDN host
+    carrying X-Linked-Etag (sha256) and X-Linked-Size. Returns the resource
+    that sends the bytes (to attach faults to)."""
+    base = {"X-Repo-Commit": COMMIT}
+    if name.endswith(".json"):
+        res = Resource(data, {**base, "ETag": f'"{git_blob_sha1(data)}"'})
+        hub.resources[HUB_PREFIX + name] = res
+        return res
+    sha256 = hashlib.sha256(data).hexdigest()
+    hub.resources[HUB_PREFIX + name] = Resource(
+        headers={
+            **base,
+            "ETag": '"hub-redirect-etag"',
+            "X-Linked-Etag": f'"{sha256}"',
+            "X-Linked-Size": str(len(data)),
+        },
+        redirect=f"{cdn.url}/cdn/{name}",
+    )
+    res = Resource(data, {"ETag": f'"{sha256}"'})
+    cdn.resources[f"/cdn/{name}"] = res
+    return res
+
+
+def serve_like_b2(mirror: FakeHost, name: str, data: bytes, large: bool) -> Resource:
+    """Publish `data` the way Backblaze B2 does: small files carry
+    x-bz-content-sha1; large ones say "none" and give x-bz-info-large_file_sha1."""
+    sha1 = hashlib.sha1(data).hexdigest()
+    headers = (
+        {"x-bz-content-sha1": "none", "x-bz-info-large_file_sha1": sha1}
+        if large
+        else {"x-bz-content-sha1": sha1}
+    )
+    res = Resource(data, headers)
+    mirror.resources[MIRROR_PREFIX + name] = res
+    return res
