@@ -110,7 +110,8 @@ def download_qwen3_small(
     `rasbt/qwen3-from-scratch` is tried (at `HF_ENDPOINT` if set), then the book's
     backup mirror; `backup_url` (or env `QWEN3_BACKUP_URL`) replaces the mirror's
     base URL. With `QWEN3_STANDIN=1`, offline stand-ins are written instead (no
-    network; returns `standin=True`). Raises `DownloadError` if all sources fail.
+    network; returns `standin=True`; real files there are replaced by stand-ins).
+    Raises `DownloadError`, listing each URL tried, if all sources fail.
     """
     tok_name, model_name = file_names(kind)
     out = Path(out_dir)
@@ -246,7 +247,8 @@ def _ensure_file(out: Path, name: str, endpoint: str, backup: str) -> None:
             attempts.append((url, message.replace("\n", " ")[:500]))
             print(f"{name}: {label} failed: {attempts[-1][1][:200]}")
             continue
-        print(f"Saved {dest} ({_size_str(dest.stat().st_size)}, {check}) from {url}")
+        size = _size_str(dest.stat().st_size)
+        print(f"Saved {dest} ({size}, {check}) from the {label}: {url}")
         return
     raise DownloadError(name, attempts)
 
