@@ -17,7 +17,7 @@ from __future__ import annotations
 import codecs
 import functools
 import html
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -373,3 +373,91 @@ def figure_png(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     return buf.getvalue()
+
+
+# --------------------------------------------------------------------------
+# Streaming generation (shared by the widgets and the command line)
+# --------------------------------------------------------------------------
+
+
+def fast_decode_available() -> bool:
+    """Whether the optional fast path `utils.fast_decode` is present."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("utils.fast_decode") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class GreedyStreamer:
+    """Streams greedy token ids from one model with the chosen decode path.
+
+    Variants are built on first use and kept: `compile` wraps the model in
+    `torch.compile` (compiling costs minutes once), `fast` uses
+    `utils.fast_decode` (static KV cache; `compile` then compiles its decode
+    step). The plain paths are `utils.generation`'s generators.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self._compiled: torch.nn.Module | None = None
+        self._fast: Any = None
+        self._fast_compiled = False
+
+    def _fast_model(self, compile: bool) -> Any:
+        if not fast_decode_available():
+            raise RuntimeError(
+                "The fast path needs utils.fast_decode, which this checkout "
+                "does not have; run without the fast option."
+            )
+        from utils import fast_decode
+
+        if self._fast is None:
+            self._fast = fast_decode.FastQwen3.from_book_model(self.model)
+        if compile and not self._fast_compiled:
+            self._fast.compile_decode()
+            self._fast_compiled = True
+        return self._fast
+
+    def stream(
+        self,
+        token_ids: torch.Tensor,
+        max_new_tokens: int,
+        eos_token_id: int | None = None,
+        cache: bool = True,
+        compile: bool = False,
+        fast: bool = False,
+    ) -> Iterator[int]:
+        """Yield new token ids one at a time (batch of one), stopping at
+        `eos_token_id` without yielding it."""
+        from utils.generation import (
+            generate_text_basic_stream,
+            generate_text_basic_stream_cache,
+        )
+
+        if fast:
+            from utils import fast_decode
+
+            gen = fast_decode.generate(
+                self._fast_model(compile), token_ids, max_new_tokens, eos_token_id
+            )
+        else:
+            model = self.model
+            if compile:
+                if self._compiled is None:
+                    self._compiled = torch.compile(self.model)
+                model = self._compiled
+            fn = generate_text_basic_stream
+            if cache:
+                fn = generate_text_basic_stream_cache
+            gen = fn(model, token_ids, max_new_tokens, eos_token_id)
+        return _as_ints(gen)
+
+
+def _as_ints(gen: Iterator[torch.Tensor]) -> Iterator[int]:
+    try:
+        for token in gen:
+            yield int(token[0, 0])
+    finally:
+        gen.close()  # type: ignore[attr-defined]

@@ -1,0 +1,562 @@
+"""Command line: `qwen3-generate` (one prompt) and `qwen3-chat` (a REPL).
+
+Both load the book's Qwen3 0.6B files through `utils.download` (stand-ins with
+QWEN3_STANDIN=1), stream text as it is generated and decode it with
+`utils.token_view.Utf8StreamDecoder`, so a character split across tokens is
+printed only once it is complete. Generated text goes to stdout; progress,
+the stand-in banner and per-answer statistics go to stderr. Bad input ends
+with one `<prog>: error: ...` line on stderr and exit status 2 (1 for
+failures while running), never a traceback.
+
+    python -m utils.cli generate --prompt "Explain large language models."
+    python -m utils.cli chat --think
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
+
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+IM_END_ID = 151645
+EMPTY_THINK = "<think>\n\n</think>\n\n"
+
+
+class CliError(Exception):
+    """A problem the user can fix; printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _add_common(p: argparse.ArgumentParser, default_tokens: int) -> None:
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto (default: CUDA, then MPS, XPU, CPU), cpu, cuda, cuda:N, mps, xpu",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=_positive_int,
+        default=default_tokens,
+        help=f"most tokens to generate per answer (default {default_tokens})",
+    )
+    p.add_argument(
+        "--cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="use the KV cache (default: on)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model first (warm-up takes minutes on a CPU)",
+    )
+    p.add_argument(
+        "--fast",
+        action="store_true",
+        help="use the static-KV-cache fast path in utils.fast_decode",
+    )
+    p.add_argument(
+        "--out-dir",
+        default="qwen3",
+        help="folder for the model files (downloaded if missing; default qwen3)",
+    )
+    p.add_argument("--model-file", type=Path, help="use this .pth file directly")
+    p.add_argument("--tokenizer-file", type=Path, help="use this tokenizer .json")
+
+
+def _status(*parts: Any) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class Loaded:
+    """What both commands work with: tokenizer, model, device, streamer."""
+
+    tokenizer: Any
+    model: Any
+    device: Any
+    streamer: Any
+    standin: bool
+
+
+def _resolve_device(name: str) -> Any:
+    from utils.device import resolve_device
+
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            return resolve_device(name)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _check_fast(fast: bool, cache: bool) -> None:
+    from utils.token_view import fast_decode_available
+
+    if fast and not fast_decode_available():
+        raise CliError(
+            "--fast needs utils.fast_decode, which this checkout does not have; "
+            "run without --fast."
+        )
+    if fast and not cache:
+        raise CliError("--fast always uses its static KV cache; drop --no-cache.")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _files(args: argparse.Namespace, kind: str) -> tuple[Path, Path, bool]:
+    """Paths of tokenizer and weights: given explicitly, or via download."""
+    from utils.standin import is_standin, print_standin_banner
+
+    if (args.model_file is None) != (args.tokenizer_file is None):
+        raise CliError("give both --model-file and --tokenizer-file, or neither.")
+    if args.model_file is not None:
+        for path in (args.tokenizer_file, args.model_file):
+            if not path.is_file():
+                raise CliError(f"file not found: {path}")
+        standin = is_standin(args.model_file)
+        if standin:
+            with contextlib.redirect_stdout(sys.stderr):
+                print_standin_banner()
+        return args.tokenizer_file, args.model_file, standin
+    from utils.download import download_qwen3_small
+
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            files = download_qwen3_small(kind, out_dir=args.out_dir)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    except Exception as exc:  # network, disk: say what failed in one line
+        raise CliError(
+            f"could not get the {kind} model files into {args.out_dir}/: "
+            f"{_first_line(exc)}"
+        ) from None
+    assert files.model is not None
+    return files.tokenizer, files.model, files.standin
+
+
+def load(args: argparse.Namespace, kind: str, **tokenizer_kwargs: Any) -> Loaded:
+    """Resolve the device, get the files and load tokenizer and model, turning
+    every failure into a one-line `CliError`."""
+    import torch
+    from reasoning_from_scratch.qwen3 import (
+        QWEN_CONFIG_06_B,
+        Qwen3Model,
+        Qwen3Tokenizer,
+    )
+
+    from utils.token_view import GreedyStreamer
+
+    device = _resolve_device(args.device)
+    _check_fast(args.fast, args.cache)
+    tok_path, model_path, standin = _files(args, kind)
+    try:
+        tokenizer = Qwen3Tokenizer(str(tok_path), **tokenizer_kwargs)
+    except Exception as exc:
+        raise CliError(
+            f"could not read the tokenizer file {tok_path} ({_first_line(exc)}); "
+            "delete it and run again to download it again."
+        ) from None
+    _status(f"Loading {model_path} ...")
+    try:
+        state_dict = torch.load(model_path, map_location="cpu", weights_only=True)
+        model = Qwen3Model(QWEN_CONFIG_06_B)
+        model.load_state_dict(state_dict)
+        del state_dict
+        model.to(device).eval()
+    except Exception as exc:
+        raise CliError(
+            f"could not load the model weights from {model_path} "
+            f"({_first_line(exc)}); the file is damaged or not a Qwen3 0.6B "
+            "checkpoint: delete it and run again to download it again."
+        ) from None
+    return Loaded(tokenizer, model, device, GreedyStreamer(model), standin)
+
+
+def _run(prog: str, body: Callable[[], int]) -> int:
+    """Run a command body; one line on stderr for anything that goes wrong."""
+    try:
+        return body()
+    except CliError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # last resort: still no traceback
+        print(f"{prog}: error: {_first_line(exc)}", file=sys.stderr)
+        return 1
+
+
+# --------------------------------------------------------------------------
+# qwen3-generate
+# --------------------------------------------------------------------------
+
+
+def generate_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="qwen3-generate",
+        description="Generate text with Qwen3 0.6B (greedy), streaming it as it "
+        "comes, then print time, tokens/sec and peak memory.",
+    )
+    p.add_argument("--prompt", required=True, help="the text to continue")
+    _add_common(p, default_tokens=100)
+    p.add_argument(
+        "--reasoning",
+        action="store_true",
+        help="use the reasoning model and its chat template",
+    )
+    p.add_argument(
+        "--thinking",
+        action="store_true",
+        help="with --reasoning: let the model think (no empty <think> block)",
+    )
+    p.add_argument(
+        "--print-ids",
+        action="store_true",
+        help="after the stats, print the generated token ids on one line",
+    )
+    return p
+
+
+def _generate(argv: Sequence[str] | None) -> int:
+    import torch
+
+    from utils.generation import check_generation_inputs, generate_stats
+    from utils.token_view import Utf8StreamDecoder
+
+    args = generate_parser().parse_args(argv)
+    if not args.prompt.strip():
+        raise CliError("the prompt is empty; pass some text with --prompt.")
+    if args.thinking and not args.reasoning:
+        raise CliError("--thinking only applies with --reasoning.")
+    kind = "reasoning" if args.reasoning else "base"
+    tok_kwargs = {}
+    if args.reasoning:
+        tok_kwargs = dict(
+            apply_chat_template=True,
+            add_generation_prompt=True,
+            add_thinking=args.thinking,
+        )
+    run = load(args, kind, **tok_kwargs)
+    tokenizer = run.tokenizer
+    ids = torch.tensor([tokenizer.encode(args.prompt)], device=run.device)
+    try:
+        check_generation_inputs(run.model, ids, args.max_new_tokens)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if args.compile:
+        _status("Compiling: the first tokens take a while ...")
+
+    decoder = Utf8StreamDecoder(tokenizer)
+    out: list[int] = []
+    out_stream = sys.stdout
+    start = time.time()
+    try:
+        for token_id in run.streamer.stream(
+            ids,
+            args.max_new_tokens,
+            tokenizer.eos_token_id,
+            cache=args.cache,
+            compile=args.compile,
+            fast=args.fast,
+        ):
+            out.append(token_id)
+            out_stream.write(decoder.feed(token_id))
+            out_stream.flush()
+    except KeyboardInterrupt:
+        _status("\n[stopped]")
+    if run.device.type == "cuda":
+        torch.cuda.synchronize()
+    end = time.time()
+    out_stream.write(decoder.flush())
+    out_stream.flush()
+    if out:
+        generate_stats(torch.tensor(out, device=run.device), tokenizer, start, end)
+    else:
+        print("\n\nNo tokens generated (the model ended the text at once).")
+    if args.print_ids:
+        print("Token ids:", " ".join(map(str, out)))
+    return 0
+
+
+def generate_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `qwen3-generate`."""
+    return _run("qwen3-generate", lambda: _generate(argv))
+
+
+# --------------------------------------------------------------------------
+# qwen3-chat
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class ChatSession:
+    """A multi-turn conversation in the Qwen3 chat format.
+
+    `messages` holds (role, text) pairs; each answer is generated from the
+    whole conversation rendered as `<|im_start|>role\\n...<|im_end|>\\n`. Like
+    Qwen3's own template, earlier answers keep only the text after their
+    `</think>`. Without thinking, the answer starts with an empty think block,
+    as the book's tokenizer writes it.
+    """
+
+    tokenizer: Any
+    streamer: Any
+    device: Any
+    context_length: int
+    max_new_tokens: int
+    thinking: bool = False
+    cache: bool = True
+    compile: bool = False
+    fast: bool = False
+    messages: list[tuple[str, str]] = field(default_factory=list)
+
+    def render(self, user_text: str | None = None) -> str:
+        """The conversation as chat-format text, optionally with a new user
+        turn and the opening of the assistant's answer."""
+        parts = [f"{IM_START}{role}\n{text}{IM_END}\n" for role, text in self.messages]
+        if user_text is not None:
+            parts.append(f"{IM_START}user\n{user_text}{IM_END}\n")
+            parts.append(f"{IM_START}assistant\n")
+            if not self.thinking:
+                parts.append(EMPTY_THINK)
+        return "".join(parts)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, chat_wrapped=False))
+
+    def history_tokens(self) -> int:
+        return len(self.encode(self.render())) if self.messages else 0
+
+    def clear(self) -> None:
+        self.messages.clear()
+
+    def reply(self, user_text: str, write: Callable[[str], Any]) -> dict[str, Any]:
+        """Generate the answer to `user_text`, passing text pieces to `write`;
+        returns counts. Ctrl-C ends the answer early and keeps what was said.
+        Raises CliError (conversation unchanged) when it cannot fit."""
+        import torch
+
+        from utils.token_view import Utf8StreamDecoder
+
+        prompt = self.encode(self.render(user_text))
+        room = self.context_length - len(prompt)
+        if room < 1:
+            raise CliError(
+                f"the conversation would be {len(prompt)} tokens, over the context "
+                f"length of {self.context_length}; type /clear to start over "
+                "(or send a shorter message)."
+            )
+        budget = min(self.max_new_tokens, room)
+        ids = torch.tensor([prompt], device=self.device)
+        decoder = Utf8StreamDecoder(self.tokenizer)
+        answer: list[int] = []
+        stopped = None
+        start = time.perf_counter()
+        try:
+            for token_id in self.streamer.stream(
+                ids,
+                budget,
+                IM_END_ID,
+                cache=self.cache,
+                compile=self.compile,
+                fast=self.fast,
+            ):
+                answer.append(token_id)
+                write(decoder.feed(token_id))
+        except KeyboardInterrupt:
+            stopped = "stopped"
+        elapsed = time.perf_counter() - start
+        write(decoder.flush())
+        if stopped is None and len(answer) == budget and budget < self.max_new_tokens:
+            stopped = "context length reached"
+        text = self.tokenizer.decode(answer)
+        content = text.split("</think>")[-1].lstrip("\n")
+        self.messages += [("user", user_text), ("assistant", content)]
+        return {
+            "prompt_tokens": len(prompt),
+            "answer_tokens": len(answer),
+            "tokens_per_sec": len(answer) / elapsed if elapsed > 0 else 0.0,
+            "stopped": stopped,
+        }
+
+
+def chat_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="qwen3-chat",
+        description="Chat with the Qwen3 0.6B reasoning model. Reads one message "
+        "per line from stdin. Commands: /think, /no_think, /clear, /history, "
+        "/help, /quit (or end of input). Ctrl-C stops the current answer.",
+    )
+    _add_common(p, default_tokens=1024)
+    p.add_argument(
+        "--think",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="let the model think before answering (default: off, as the "
+        "book's tokenizer; toggle with /think and /no_think)",
+    )
+    p.add_argument(
+        "--context-length",
+        type=_positive_int,
+        help="most tokens the conversation may hold (default: the model's)",
+    )
+    return p
+
+
+CHAT_HELP = (
+    "Commands: /think and /no_think switch thinking, /clear forgets the "
+    "conversation, /history shows it, /quit leaves (so does Ctrl-D). "
+    "Ctrl-C stops an answer."
+)
+
+
+def _read_line(stdin: TextIO, prompt: str) -> str | None:
+    """One line from stdin (None at end of input); prompts only on a tty."""
+    if stdin.isatty():
+        try:
+            return input(prompt)
+        except EOFError:
+            return None
+    line = stdin.readline()
+    return None if line == "" else line.rstrip("\r\n")
+
+
+def _show_history(session: ChatSession, out: TextIO) -> None:
+    for role, text in session.messages:
+        print(f"{role}: {text}", file=out)
+    print(
+        f"[history: {len(session.messages)} messages, "
+        f"{session.history_tokens()} tokens]",
+        file=out,
+        flush=True,
+    )
+
+
+def _chat(argv: Sequence[str] | None) -> int:
+    args = chat_parser().parse_args(argv)
+    run = load(args, "reasoning")
+    model_context = run.model.cfg["context_length"]
+    context = args.context_length or model_context
+    if context > model_context:
+        raise CliError(
+            f"--context-length {context} is more than the model's {model_context}."
+        )
+    session = ChatSession(
+        tokenizer=run.tokenizer,
+        streamer=run.streamer,
+        device=run.device,
+        context_length=context,
+        max_new_tokens=args.max_new_tokens,
+        thinking=args.think,
+        cache=args.cache,
+        compile=args.compile,
+        fast=args.fast,
+    )
+    out = sys.stdout
+    _status(f"Qwen3 0.6B chat (thinking {'on' if session.thinking else 'off'}). ")
+    _status(CHAT_HELP)
+
+    def write(text: str) -> None:
+        out.write(text)
+        out.flush()
+
+    while True:
+        try:
+            line = _read_line(sys.stdin, "You: ")
+        except KeyboardInterrupt:
+            _status("\n(Ctrl-D or /quit leaves)")
+            continue
+        if line is None:
+            break
+        message = line.strip()
+        if not message:
+            continue
+        command = message.lower()
+        if command in ("/quit", "/exit"):
+            break
+        if command == "/help":
+            _status(CHAT_HELP)
+        elif command == "/clear":
+            session.clear()
+            _status("[conversation cleared]")
+        elif command == "/history":
+            _show_history(session, out)
+        elif command in ("/think", "/no_think"):
+            session.thinking = command == "/think"
+            _status(f"[thinking {'on' if session.thinking else 'off'}]")
+        elif message.startswith("/") and " " not in message:
+            _status(f"unknown command {message}; {CHAT_HELP}")
+        else:
+            write("Assistant: ")
+            try:
+                info = session.reply(message, write)
+            except CliError as exc:
+                write("\n")
+                _status(f"qwen3-chat: {exc}")
+                continue
+            except KeyboardInterrupt:
+                write("\n")
+                _status("[stopped]")
+                continue
+            write("\n")
+            note = f"; {info['stopped']}" if info["stopped"] else ""
+            _status(
+                f"[prompt {info['prompt_tokens']} tokens, answer "
+                f"{info['answer_tokens']} tokens, "
+                f"{info['tokens_per_sec']:.1f} tokens/sec; conversation "
+                f"{session.history_tokens()}/{session.context_length} tokens{note}]"
+            )
+    return 0
+
+
+def chat_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `qwen3-chat`."""
+    return _run("qwen3-chat", lambda: _chat(argv))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m utils.cli generate|chat ...`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"generate": generate_main, "chat": chat_main}
+    if not argv or argv[0] not in commands:
+        print(
+            "usage: python -m utils.cli {generate,chat} [options] (see --help of each)",
+            file=sys.stderr,
+        )
+        return 2
+    return commands[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
