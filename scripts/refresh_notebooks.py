@@ -116,6 +116,24 @@ def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int) -> None:
         raise RefreshError(f"a cell raised an error:\n{exc}") from None
 
 
+def merge_streams(outputs: list) -> list:
+    """Join consecutive stream outputs of the same stream, so how the kernel
+    happened to flush its buffer never changes the committed file."""
+    merged: list = []
+    for out in outputs:
+        prev = merged[-1] if merged else None
+        if (
+            prev is not None
+            and out.output_type == "stream"
+            and prev.output_type == "stream"
+            and prev.name == out.name
+        ):
+            prev.text = "".join(prev.text) + "".join(out.text)
+        else:
+            merged.append(out)
+    return merged
+
+
 def clean(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
     """Keep outputs only of checked cells; drop volatile metadata."""
     nb = copy.deepcopy(nb)
@@ -150,6 +168,7 @@ def clean(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
                 raise RefreshError(f"{name}: checked cell {index} raised an error")
             if "metadata" in out:
                 out.metadata = nbformat.from_dict({})
+        cell.outputs = merge_streams(cell.outputs)
     nbformat.validate(nb)
     return nb
 
