@@ -27,8 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from utils import standin
-
 REPO_ID = "rasbt/qwen3-from-scratch"
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 BACKUP_URL = "https://f001.backblazeb2.com/file/reasoning-from-scratch/qwen3-0.6B"
@@ -113,6 +111,8 @@ def download_qwen3_small(
     network; returns `standin=True`; real files there are replaced by stand-ins).
     Raises `DownloadError`, listing each URL tried, if all sources fail.
     """
+    from utils import standin  # imports torch: only when called
+
     tok_name, model_name = file_names(kind)
     out = Path(out_dir)
     names = [tok_name] if tokenizer_only else [tok_name, model_name]
@@ -142,6 +142,8 @@ def download_qwen3_small(
 def _write_standins(
     out: Path, kind: str, tok_name: str, model_name: str | None
 ) -> Qwen3Files:
+    from utils import standin
+
     standin.print_standin_banner()
     tok = out / tok_name
     if not (tok.is_file() and standin.is_standin(tok)):
@@ -169,8 +171,10 @@ def _record_path(path: Path) -> Path:
 def is_verified(path: str | os.PathLike) -> bool:
     """True if `path` is a real (not stand-in) file whose size matches the
     record written when it was downloaded and checked. Makes no request."""
+    from utils.standin import is_standin
+
     path = Path(path)
-    if not path.is_file() or standin.is_standin(path):
+    if not path.is_file() or is_standin(path):
         return False
     try:
         record = json.loads(_record_path(path).read_text())
@@ -203,12 +207,14 @@ def _hash_file(path: Path) -> dict[str, str]:
 
 def _install(staged: Path, dest: Path, source: str, check: str, sha256: str) -> None:
     """Move a checked file into place, drop any stand-in mark, write the record."""
+    from utils.standin import sidecar_path
+
     record = _record_path(dest)
     record.unlink(missing_ok=True)
     size = staged.stat().st_size
     os.chmod(staged, 0o644)
     os.replace(staged, dest)
-    standin.sidecar_path(dest).unlink(missing_ok=True)
+    sidecar_path(dest).unlink(missing_ok=True)
     data = {
         "version": RECORD_VERSION,
         "file": dest.name,
