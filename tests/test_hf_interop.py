@@ -1,0 +1,434 @@
+"""Book <-> Hugging Face Qwen3 weights, checked against `transformers` itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model
+from safetensors import safe_open
+
+from utils import hf_interop
+from utils.generation import generate_text_basic_stream_cache
+from utils.hf_interop import (
+    book_config_from_hf,
+    book_to_hf_state_dict,
+    download_official_qwen3,
+    export_hf_folder,
+    hf_to_book_state_dict,
+    load_hf_checkpoint,
+)
+from utils.standin import standin_state_dict
+
+transformers = pytest.importorskip("transformers")
+
+TINY = {
+    "vocab_size": 1000,
+    "context_length": 256,
+    "emb_dim": 64,
+    "n_heads": 4,
+    "n_layers": 2,
+    "hidden_dim": 128,
+    "head_dim": 16,
+    "qk_norm": True,
+    "n_kv_groups": 2,
+    "rope_base": 1_000_000.0,
+    "dtype": torch.float32,
+}
+
+# Official Qwen/Qwen3-0.6B config.json (transformers 4.51 spelling).
+QWEN3_06B_CONFIG_JSON = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 1024,
+    "initializer_range": 0.02,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 28,
+    "model_type": "qwen3",
+    "num_attention_heads": 16,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+
+# Qwen3's special-token ids (151643...) lie outside the tiny vocabulary
+NO_IDS = {"bos_token_id": None, "eos_token_id": None}
+
+
+def hf_config(cfg=TINY, tied=True):
+    return transformers.Qwen3Config(
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["emb_dim"],
+        intermediate_size=cfg["hidden_dim"],
+        num_hidden_layers=cfg["n_layers"],
+        num_attention_heads=cfg["n_heads"],
+        num_key_value_heads=cfg["n_kv_groups"],
+        head_dim=cfg["head_dim"],
+        max_position_embeddings=cfg["context_length"],
+        rope_parameters={"rope_type": "default", "rope_theta": cfg["rope_base"]},
+        tie_word_embeddings=tied,
+    )
+
+
+def random_hf_model(tied: bool, seed: int = 0):
+    """A float32 HF Qwen3 whose every tensor (norms included) is random, so a
+    swapped mapping cannot go unnoticed."""
+    torch.manual_seed(seed)
+    model = transformers.Qwen3ForCausalLM(hf_config(tied=tied)).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.05)
+    return model
+
+
+def book_model(sd, cfg=TINY):
+    model = Qwen3Model(dict(cfg))
+    model.load_state_dict(sd)  # strict: every key present, none extra
+    return model.eval()
+
+
+def tied_standin(seed=1, cfg=TINY):
+    sd = standin_state_dict(cfg, seed)
+    sd["out_head.weight"] = sd["tok_emb.weight"].clone()
+    return sd
+
+
+def untied_standin(seed=1):
+    sd = standin_state_dict(TINY, seed)
+    gen = torch.Generator().manual_seed(seed + 100)
+    sd["out_head.weight"] = sd["out_head.weight"] + 0.02 * torch.randn(
+        sd["out_head.weight"].shape, generator=gen
+    )
+    return sd
+
+
+def random_ids(n=24, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, TINY["vocab_size"], (2, n), generator=gen)
+
+
+def assert_logits_close(ours, theirs):
+    assert ours.shape == theirs.shape
+    assert theirs.std() > 0.1  # logits not so small that 1e-4 says nothing
+    # 1e-4, relative to the logit scale (stand-in logits reach ~100)
+    scale = theirs.abs().max().clamp(min=1.0)
+    assert (ours - theirs).abs().max() < 1e-4 * scale
+
+
+# --------------------------------------------------------------------------
+# Key mapping
+# --------------------------------------------------------------------------
+
+
+def test_mapping_matches_transformers_names_and_round_trips():
+    sd = untied_standin()
+    hf_sd = book_to_hf_state_dict(sd)
+    reference = transformers.Qwen3ForCausalLM(hf_config(tied=False)).state_dict()
+    assert set(hf_sd) == set(reference)
+    for key, value in hf_sd.items():
+        assert value.shape == reference[key].shape, key
+
+    back = hf_to_book_state_dict(hf_sd, tie_word_embeddings=False)
+    assert set(back) == set(sd)
+    for key in sd:
+        assert torch.equal(back[key], sd[key]), key
+
+
+def test_tied_mapping_drops_and_restores_the_head():
+    sd = tied_standin(2)
+    hf_sd = book_to_hf_state_dict(sd, tie_word_embeddings=True)
+    assert "lm_head.weight" not in hf_sd
+    back = hf_to_book_state_dict(hf_sd)  # tying inferred from the missing head
+    assert torch.equal(back["out_head.weight"], sd["tok_emb.weight"])
+    with pytest.raises(ValueError, match="differs from tok_emb"):
+        book_to_hf_state_dict(untied_standin(), tie_word_embeddings=True)
+
+
+def test_gate_and_up_projections_are_not_swapped():
+    sd = untied_standin()
+    hf_sd = book_to_hf_state_dict(sd)
+    assert (
+        hf_sd["model.layers.1.mlp.gate_proj.weight"] is sd["trf_blocks.1.ff.fc1.weight"]
+    )
+    assert (
+        hf_sd["model.layers.1.mlp.up_proj.weight"] is sd["trf_blocks.1.ff.fc2.weight"]
+    )
+    assert (
+        hf_sd["model.layers.1.mlp.down_proj.weight"] is sd["trf_blocks.1.ff.fc3.weight"]
+    )
+
+
+# --------------------------------------------------------------------------
+# Loading Hugging Face checkpoints into the book's model
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "tied, shard", [(True, False), (False, False), (True, True)], ids=str
+)
+def test_hf_checkpoint_gives_same_logits_in_book_model(tmp_path, tied, shard):
+    hf = random_hf_model(tied)
+    kwargs = {"max_shard_size": "100KB"} if shard else {}
+    hf.save_pretrained(tmp_path, **kwargs)
+    assert (tmp_path / "model.safetensors.index.json").is_file() == shard
+
+    sd, cfg = load_hf_checkpoint(tmp_path, dtype=torch.float32)
+    assert cfg == TINY
+    ours = book_model(sd, cfg)
+    ids = random_ids()
+    with torch.no_grad():
+        assert_logits_close(ours(ids), hf(ids).logits)
+
+
+def test_load_accepts_safetensors_file_and_explicit_cfg(tmp_path):
+    hf = random_hf_model(tied=False, seed=3)
+    hf.save_pretrained(tmp_path)
+    sd, cfg = load_hf_checkpoint(tmp_path / "model.safetensors", cfg=TINY)
+    assert cfg == TINY and cfg is not TINY
+    expected = book_to_hf_state_dict(sd)
+    for key, value in hf.state_dict().items():
+        assert torch.equal(expected[key], value), key
+
+
+def test_official_qwen3_config_gives_the_books_config():
+    assert book_config_from_hf(QWEN3_06B_CONFIG_JSON) == QWEN_CONFIG_06_B
+    # transformers 5 spells RoPE as rope_parameters; same result
+    v5 = transformers.Qwen3Config(**QWEN3_06B_CONFIG_JSON).to_dict()
+    assert "rope_parameters" in v5
+    assert book_config_from_hf(v5) == QWEN_CONFIG_06_B
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"model_type": "qwen3_moe"}, "only dense"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"rms_norm_eps": 1e-5}, "rms_norm_eps"),
+        ({"num_hidden_layers": None}, "num_hidden_layers"),
+    ],
+)
+def test_config_the_book_cannot_reproduce_is_refused(change, message):
+    broken = {**QWEN3_06B_CONFIG_JSON, **change}
+    broken = {k: v for k, v in broken.items() if v is not None or k not in change}
+    with pytest.raises(ValueError, match=message):
+        book_config_from_hf(broken)
+
+
+# --------------------------------------------------------------------------
+# Exporting book weights for transformers / vLLM / SGLang
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_export_loads_in_transformers_with_same_logits(tmp_path, tied):
+    sd = tied_standin(4) if tied else untied_standin(4)
+    out = export_hf_folder(sd, TINY, tmp_path / "hf", **NO_IDS)
+
+    config = json.loads((out / "config.json").read_text())
+    assert config["tie_word_embeddings"] is tied
+    assert config["architectures"] == ["Qwen3ForCausalLM"]
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert ("lm_head.weight" in f.keys()) is not tied
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    hf.eval()
+    ours = book_model(sd)
+    ids = random_ids(seed=5)
+    with torch.no_grad():
+        assert_logits_close(ours(ids), hf(ids).logits)
+
+    # ...and back: the exported folder reads into exactly the same weights
+    back, cfg = load_hf_checkpoint(out, dtype=torch.float32)
+    assert cfg == TINY
+    for key in sd:
+        assert torch.equal(back[key], sd[key]), key
+
+
+def test_export_greedy_generation_matches_transformers(tmp_path):
+    sd = standin_state_dict(TINY, 6)
+    out = export_hf_folder(sd, TINY, tmp_path / "hf", **NO_IDS)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    prompt = random_ids(n=7, seed=6)[:1]
+
+    ours = torch.cat(
+        list(generate_text_basic_stream_cache(book_model(sd), prompt, 20)), dim=1
+    )
+    with torch.no_grad():
+        theirs = hf.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=20,
+            min_new_tokens=20,
+            do_sample=False,
+        )[:, prompt.shape[1] :]
+    assert ours.shape == (1, 20)
+    assert torch.equal(ours, theirs)
+
+
+def test_export_in_bfloat16_records_dtype_and_token_ids(tmp_path):
+    cfg = {**TINY, "vocab_size": 151_936 // 32, "dtype": torch.bfloat16}
+    sd = tied_standin(7, cfg)
+    model = book_model(sd, cfg)  # norm scales live in float32 inside the model
+    out = export_hf_folder(model, cfg, tmp_path / "hf", bos_token_id=1, eos_token_id=2)
+
+    config = json.loads((out / "config.json").read_text())
+    assert config["dtype"] == config["torch_dtype"] == "bfloat16"
+    assert (config["bos_token_id"], config["eos_token_id"]) == (1, 2)
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == 2
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+    loaded = transformers.AutoConfig.from_pretrained(out)
+    assert loaded.rope_parameters["rope_theta"] == cfg["rope_base"]
+    assert loaded.tie_word_embeddings is True
+
+
+def test_export_with_tokenizer_loads_in_autotokenizer(tmp_path):
+    pytest.importorskip("utils.qwen3_tokenizer")
+    from tokenizers import Tokenizer
+
+    from utils.standin import write_standin_tokenizer
+
+    tok_file = write_standin_tokenizer(tmp_path / "tokenizer-base.json")
+    # The real vocabulary, everything else as small as it gets
+    cfg = {**TINY, "vocab_size": QWEN_CONFIG_06_B["vocab_size"], "n_layers": 1}
+    cfg.update(emb_dim=8, n_heads=2, n_kv_groups=1, head_dim=8, hidden_dim=16)
+    sd = standin_state_dict(cfg, 8)
+
+    with pytest.raises(ValueError, match="vocab_size"):  # tokenizer too large
+        export_hf_folder(
+            standin_state_dict(TINY, 8), TINY, tmp_path / "x", tok_file, **NO_IDS
+        )
+    assert not (tmp_path / "x").exists()
+
+    chat = export_hf_folder(sd, cfg, tmp_path / "chat", tok_file, eos_token_id=151645)
+    chat_tok_config = json.loads((chat / "tokenizer_config.json").read_text())
+    assert chat_tok_config["eos_token"] == "<|im_end|>"
+
+    out = export_hf_folder(sd, cfg, tmp_path / "base", tok_file)
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert (tok.eos_token, tok.eos_token_id) == ("<|endoftext|>", 151643)
+    assert tok.pad_token_id == 151643
+
+    raw = Tokenizer.from_file(str(tok_file))
+    for text in [
+        "Explain large language models.",
+        "  héllo\n\n wörld 12345!!",
+        "<|im_start|>user\nHi<|im_end|>\n<think>\n\n</think>",
+    ]:
+        assert tok.encode(text, add_special_tokens=False) == raw.encode(text).ids
+        assert tok.decode(raw.encode(text).ids) == text
+
+
+# --------------------------------------------------------------------------
+# Clear errors, nothing half-written
+# --------------------------------------------------------------------------
+
+
+def test_unknown_and_missing_keys_are_named():
+    sd = standin_state_dict(TINY, 9)
+    sd["trf_blocks.0.att.W_qurey.weight"] = sd.pop("trf_blocks.0.att.W_query.weight")
+    with pytest.raises(ValueError, match="W_qurey"):
+        book_to_hf_state_dict(sd)
+
+    sd = standin_state_dict(TINY, 9)
+    del sd["trf_blocks.1.norm2.scale"]
+    with pytest.raises(ValueError, match=r"Missing.*trf_blocks\.1\.norm2\.scale"):
+        book_to_hf_state_dict(sd)
+
+    hf_sd = book_to_hf_state_dict(untied_standin())
+    hf_sd["model.layers.0.mlp.experts.0.gate_proj.weight"] = torch.zeros(1)
+    with pytest.raises(ValueError, match="experts"):
+        hf_to_book_state_dict(hf_sd)
+
+    del hf_sd["model.layers.0.mlp.experts.0.gate_proj.weight"]
+    del hf_sd["lm_head.weight"]
+    with pytest.raises(ValueError, match="tie_word_embeddings=True"):
+        hf_to_book_state_dict(hf_sd, tie_word_embeddings=False)
+
+
+def test_shape_mismatch_is_reported_with_key_and_shapes(tmp_path):
+    random_hf_model(tied=True).save_pretrained(tmp_path)
+    wrong = {**TINY, "hidden_dim": 96}
+    with pytest.raises(ValueError, match=r"ff\.fc1\.weight.*\(128, 64\).*\(96, 64\)"):
+        load_hf_checkpoint(tmp_path, cfg=wrong)
+    with pytest.raises(ValueError, match="does not fit"):
+        export_hf_folder(standin_state_dict(TINY, 0), wrong, tmp_path / "out")
+
+
+def test_missing_files_say_what_to_download(tmp_path):
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        load_hf_checkpoint(tmp_path)
+    random_hf_model(tied=True).save_pretrained(tmp_path)
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_hf_checkpoint(tmp_path)
+    assert load_hf_checkpoint(tmp_path, cfg=TINY)[1] == TINY
+
+
+def test_export_never_leaves_a_half_written_folder(tmp_path, monkeypatch):
+    sd = tied_standin(10)
+    target = tmp_path / "hf"
+
+    def broken_save(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(hf_interop, "save_file", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        export_hf_folder(sd, TINY, target, **NO_IDS)
+    assert list(tmp_path.iterdir()) == []  # no target, no temp folder
+    monkeypatch.undo()
+
+    export_hf_folder(sd, TINY, target, **NO_IDS)
+    first = (target / "model.safetensors").read_bytes()
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        export_hf_folder(untied_standin(), TINY, target)
+    assert (target / "model.safetensors").read_bytes() == first
+
+    export_hf_folder(untied_standin(), TINY, target, overwrite=True, **NO_IDS)
+    assert (
+        json.loads((target / "config.json").read_text())["tie_word_embeddings"] is False
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]
+
+
+def test_download_reads_hf_endpoint_at_call_time(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    calls = []
+
+    def fake_snapshot_download(repo_id, **kwargs):
+        calls.append((repo_id, kwargs))
+        return kwargs["local_dir"]
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    monkeypatch.setenv("HF_ENDPOINT", "https://mirror.example/")
+    folder = download_official_qwen3("Qwen/Qwen3-0.6B", tmp_path / "q")
+    assert folder == tmp_path / "q"
+    repo_id, kwargs = calls[0]
+    assert repo_id == "Qwen/Qwen3-0.6B"
+    assert kwargs["endpoint"] == "https://mirror.example"
+    assert {"config.json", "model.safetensors"} <= set(kwargs["allow_patterns"])

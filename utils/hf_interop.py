@@ -1,0 +1,660 @@
+"""Move Qwen3 weights between the book's `Qwen3Model` and Hugging Face.
+
+The book names its parameters after the concepts of Chapter 2 (`tok_emb`,
+`trf_blocks.0.att.W_query`, `ff.fc1`, ...); Hugging Face `transformers` uses
+its own names (`model.embed_tokens`, `model.layers.0.self_attn.q_proj`,
+`mlp.gate_proj`, ...). The tensors themselves are identical, so converting
+is a pure renaming plus the tied output head:
+
+* `load_hf_checkpoint` reads an official `Qwen/Qwen3-0.6B(-Base)` folder
+  (downloaded from Hugging Face or ModelScope) into the book's format, so
+  `Qwen3Model(cfg).load_state_dict(sd)` works.
+* `export_hf_folder` writes book-format weights as a Hugging Face folder
+  that `transformers`, vLLM and SGLang load directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+ENDOFTEXT_ID = 151643  # <|endoftext|>: bos/pad of Qwen3, eos of the base model
+IM_END_ID = 151645  # <|im_end|>: eos of the reasoning (chat) model
+
+# Book name -> Hugging Face name, inside one transformer block.
+_BLOCK_BOOK_TO_HF = {
+    "att.W_query.weight": "self_attn.q_proj.weight",
+    "att.W_key.weight": "self_attn.k_proj.weight",
+    "att.W_value.weight": "self_attn.v_proj.weight",
+    "att.out_proj.weight": "self_attn.o_proj.weight",
+    "att.q_norm.scale": "self_attn.q_norm.weight",
+    "att.k_norm.scale": "self_attn.k_norm.weight",
+    "norm1.scale": "input_layernorm.weight",
+    "norm2.scale": "post_attention_layernorm.weight",
+    # SwiGLU: silu(fc1(x)) * fc2(x) -> fc3, i.e. gate, up, down
+    "ff.fc1.weight": "mlp.gate_proj.weight",
+    "ff.fc2.weight": "mlp.up_proj.weight",
+    "ff.fc3.weight": "mlp.down_proj.weight",
+}
+_BLOCK_HF_TO_BOOK = {hf: book for book, hf in _BLOCK_BOOK_TO_HF.items()}
+_OPTIONAL_BLOCK_KEYS = {"att.q_norm.scale", "att.k_norm.scale"}  # qk_norm=False
+
+# Book name -> Hugging Face name, outside the blocks.
+_TOP_BOOK_TO_HF = {
+    "tok_emb.weight": "model.embed_tokens.weight",
+    "final_norm.scale": "model.norm.weight",
+    "out_head.weight": "lm_head.weight",
+}
+_TOP_HF_TO_BOOK = {hf: book for book, hf in _TOP_BOOK_TO_HF.items()}
+
+_BOOK_BLOCK_RE = re.compile(r"trf_blocks\.(\d+)\.(.+)")
+_HF_BLOCK_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+# Buffers some older exports saved; they are recomputed, never loaded.
+_HF_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+_CFG_KEYS = (
+    "vocab_size",
+    "context_length",
+    "emb_dim",
+    "n_heads",
+    "n_layers",
+    "hidden_dim",
+    "head_dim",
+    "qk_norm",
+    "n_kv_groups",
+    "rope_base",
+    "dtype",
+)
+
+_ALLOW_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "model-*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+]
+
+
+# --------------------------------------------------------------------------
+# Key mapping
+# --------------------------------------------------------------------------
+
+
+def book_key_to_hf(key: str) -> str:
+    """The Hugging Face name of one book state-dict key (ValueError if unknown)."""
+    if key in _TOP_BOOK_TO_HF:
+        return _TOP_BOOK_TO_HF[key]
+    m = _BOOK_BLOCK_RE.fullmatch(key)
+    if m and m.group(2) in _BLOCK_BOOK_TO_HF:
+        return f"model.layers.{m.group(1)}.{_BLOCK_BOOK_TO_HF[m.group(2)]}"
+    raise ValueError(
+        f"Unknown key {key!r} for the book's Qwen3Model; expected keys such as "
+        f"'tok_emb.weight' or 'trf_blocks.0.att.W_query.weight'."
+    )
+
+
+def hf_key_to_book(key: str) -> str:
+    """The book's name of one Hugging Face Qwen3 key (ValueError if unknown)."""
+    if key in _TOP_HF_TO_BOOK:
+        return _TOP_HF_TO_BOOK[key]
+    m = _HF_BLOCK_RE.fullmatch(key)
+    if m and m.group(2) in _BLOCK_HF_TO_BOOK:
+        return f"trf_blocks.{m.group(1)}.{_BLOCK_HF_TO_BOOK[m.group(2)]}"
+    raise ValueError(
+        f"Unknown key {key!r} for a Hugging Face Qwen3ForCausalLM; expected "
+        f"keys such as 'model.embed_tokens.weight' or "
+        f"'model.layers.0.self_attn.q_proj.weight' (dense Qwen3 only, no MoE)."
+    )
+
+
+def _rename_all(
+    sd: Mapping[str, torch.Tensor], rename, what: str
+) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    unknown = []
+    for key, value in sd.items():
+        try:
+            out[rename(key)] = value
+        except ValueError:
+            unknown.append(key)
+    if unknown:
+        shown = ", ".join(repr(k) for k in unknown[:5])
+        more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
+        raise ValueError(f"Unknown {what} key(s): {shown}{more}.")
+    return out
+
+
+def _check_complete(book_sd: Mapping[str, torch.Tensor], where: str) -> None:
+    """Every block has the same full set of keys, blocks are numbered 0..n-1,
+    and the embedding, final norm and output head are present."""
+    layers: dict[int, set[str]] = {}
+    for key in book_sd:
+        m = _BOOK_BLOCK_RE.fullmatch(key)
+        if m:
+            layers.setdefault(int(m.group(1)), set()).add(m.group(2))
+    missing = [k for k in _TOP_BOOK_TO_HF if k not in book_sd]
+    if not layers:
+        missing.append("trf_blocks.0.*")
+    required = set(_BLOCK_BOOK_TO_HF) - _OPTIONAL_BLOCK_KEYS
+    if any(have & _OPTIONAL_BLOCK_KEYS for have in layers.values()):
+        required |= _OPTIONAL_BLOCK_KEYS  # qk_norm in one block -> in all
+    for i in range(max(layers, default=-1) + 1):
+        have = layers.get(i, set())
+        missing += [f"trf_blocks.{i}.{k}" for k in sorted(required - have)]
+    if missing:
+        shown = ", ".join(repr(k) for k in missing[:5])
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise ValueError(f"Missing key(s) in {where}: {shown}{more}.")
+
+
+def book_to_hf_state_dict(
+    sd: Mapping[str, torch.Tensor], *, tie_word_embeddings: bool = False
+) -> dict[str, torch.Tensor]:
+    """Rename a book `Qwen3Model` state dict to Hugging Face Qwen3 names.
+
+    With `tie_word_embeddings=True` the output head is left out (Hugging Face
+    reuses the embedding); that needs `out_head.weight == tok_emb.weight`.
+    """
+    out = _rename_all(sd, book_key_to_hf, "book Qwen3Model")
+    _check_complete(sd, "the book state dict")
+    if tie_word_embeddings and not torch.equal(
+        sd["out_head.weight"], sd["tok_emb.weight"]
+    ):
+        raise ValueError(
+            "tie_word_embeddings=True, but out_head.weight differs from "
+            "tok_emb.weight; pass tie_word_embeddings=False to keep both."
+        )
+    if tie_word_embeddings:
+        del out["lm_head.weight"]
+    return out
+
+
+def hf_to_book_state_dict(
+    sd: Mapping[str, torch.Tensor],
+    *,
+    tie_word_embeddings: bool | None = None,
+    cfg: Mapping[str, Any] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Rename a Hugging Face Qwen3 state dict to the book's `Qwen3Model` names.
+
+    Tied checkpoints have no `lm_head.weight`; the book's `out_head` then gets
+    the embedding. `tie_word_embeddings=None` infers tying from the keys;
+    with `cfg` the shapes are checked as well.
+    """
+    sd = {k: v for k, v in sd.items() if not k.endswith(_HF_IGNORED_SUFFIXES)}
+    has_head = "lm_head.weight" in sd
+    tied = (not has_head) if tie_word_embeddings is None else tie_word_embeddings
+    if not tied and not has_head:
+        raise ValueError(
+            "Missing 'lm_head.weight' and tie_word_embeddings=False; if the "
+            "checkpoint ties its output head to the embedding (as Qwen3-0.6B "
+            "does), pass tie_word_embeddings=True."
+        )
+    out = _rename_all(sd, hf_key_to_book, "Hugging Face Qwen3")
+    if tied:
+        if "tok_emb.weight" not in out:
+            raise ValueError(
+                "Missing key(s) in the Hugging Face state dict: "
+                "'model.embed_tokens.weight'."
+            )
+        if has_head and not torch.equal(out["out_head.weight"], out["tok_emb.weight"]):
+            raise ValueError(
+                "tie_word_embeddings=True, but the checkpoint has an "
+                "lm_head.weight that differs from the embedding; pass "
+                "tie_word_embeddings=False to use it."
+            )
+        out["out_head.weight"] = out["tok_emb.weight"]
+    _check_complete(out, "the Hugging Face state dict (shown with book names)")
+    if cfg is not None:
+        check_state_dict_shapes(out, cfg)
+    return out
+
+
+def _check_cfg(cfg: Mapping[str, Any]) -> None:
+    missing = [k for k in _CFG_KEYS if k not in cfg]
+    if missing:
+        raise ValueError(
+            f"cfg is missing {missing}; use a dict like "
+            f"reasoning_from_scratch.qwen3.QWEN_CONFIG_06_B."
+        )
+
+
+def expected_shapes(cfg: Mapping[str, Any]) -> dict[str, torch.Size]:
+    """Key -> shape of the book's `Qwen3Model(cfg)` (built on the meta device)."""
+    from reasoning_from_scratch.qwen3 import Qwen3Model
+
+    _check_cfg(cfg)
+    with torch.device("meta"):
+        model = Qwen3Model(dict(cfg))
+    return {k: v.shape for k, v in model.state_dict().items()}
+
+
+def check_state_dict_shapes(
+    book_sd: Mapping[str, torch.Tensor], cfg: Mapping[str, Any]
+) -> None:
+    """Raise a ValueError naming every key whose presence or shape does not
+    match `Qwen3Model(cfg)`."""
+    shapes = expected_shapes(cfg)
+    problems = [f"missing {k!r}" for k in shapes if k not in book_sd]
+    problems += [f"unexpected {k!r}" for k in book_sd if k not in shapes]
+    problems += [
+        f"{k!r} has shape {tuple(v.shape)}, cfg expects {tuple(shapes[k])}"
+        for k, v in book_sd.items()
+        if k in shapes and v.shape != shapes[k]
+    ]
+    if problems:
+        shown = "; ".join(problems[:6])
+        more = f"; and {len(problems) - 6} more" if len(problems) > 6 else ""
+        raise ValueError(
+            f"State dict does not fit Qwen3Model(cfg): {shown}{more}. Check that "
+            f"cfg describes the checkpoint (emb_dim, n_layers, vocab_size, ...)."
+        )
+
+
+# --------------------------------------------------------------------------
+# Configs
+# --------------------------------------------------------------------------
+
+
+def _rope_theta(hf: Mapping[str, Any]) -> float:
+    """rope_theta from a transformers 4.x (`rope_theta` + `rope_scaling`) or
+    5.x (`rope_parameters`) config; only plain RoPE is supported."""
+    params = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or {}
+    for p in (params, scaling):
+        kind = p.get("rope_type", p.get("type", "default"))
+        if kind != "default":
+            raise ValueError(
+                f"RoPE type {kind!r} (e.g. YaRN) is not supported by the book's "
+                f"Qwen3Model, which uses plain RoPE; remove the scaling from "
+                f"config.json or pass your own cfg."
+            )
+    theta = params.get("rope_theta", hf.get("rope_theta"))
+    if theta is None:
+        raise ValueError("config.json has no rope_theta (nor rope_parameters).")
+    return float(theta)
+
+
+def book_config_from_hf(
+    hf_config: Mapping[str, Any], dtype: torch.dtype = torch.bfloat16
+) -> dict[str, Any]:
+    """The book's cfg dict for a Hugging Face Qwen3 `config.json` (as a dict).
+
+    Raises ValueError for settings the book's model cannot reproduce.
+    """
+    hf = dict(hf_config)
+    model_type = hf.get("model_type", "qwen3")
+    if model_type != "qwen3":
+        raise ValueError(
+            f"model_type is {model_type!r}; only dense 'qwen3' checkpoints map "
+            f"onto the book's Qwen3Model."
+        )
+    unsupported = {
+        "hidden_act": ("silu", hf.get("hidden_act", "silu")),
+        "attention_bias": (False, bool(hf.get("attention_bias", False))),
+        "use_sliding_window": (False, bool(hf.get("use_sliding_window", False))),
+        "rms_norm_eps": (1e-6, float(hf.get("rms_norm_eps", 1e-6))),
+    }
+    for name, (want, got) in unsupported.items():
+        if got != want:
+            raise ValueError(
+                f"config.json has {name}={got!r}; the book's Qwen3Model "
+                f"supports only {name}={want!r}."
+            )
+    try:
+        n_heads = int(hf["num_attention_heads"])
+        emb_dim = int(hf["hidden_size"])
+        cfg = {
+            "vocab_size": int(hf["vocab_size"]),
+            "context_length": int(hf["max_position_embeddings"]),
+            "emb_dim": emb_dim,
+            "n_heads": n_heads,
+            "n_layers": int(hf["num_hidden_layers"]),
+            "hidden_dim": int(hf["intermediate_size"]),
+            "head_dim": int(hf.get("head_dim") or emb_dim // n_heads),
+            "qk_norm": True,  # every Qwen3 layer normalises queries and keys
+            "n_kv_groups": int(hf.get("num_key_value_heads") or n_heads),
+            "rope_base": _rope_theta(hf),
+            "dtype": dtype,
+        }
+    except KeyError as exc:
+        raise ValueError(
+            f"config.json lacks {exc.args[0]!r}; is it a Qwen3 config?"
+        ) from None
+    return cfg
+
+
+def hf_config_from_book(
+    cfg: Mapping[str, Any],
+    *,
+    tie_word_embeddings: bool,
+    dtype: torch.dtype | None = None,
+    bos_token_id: int | None = ENDOFTEXT_ID,
+    eos_token_id: int | list[int] | None = ENDOFTEXT_ID,
+) -> dict[str, Any]:
+    """A Hugging Face `config.json` dict (Qwen3ForCausalLM) for the book's cfg.
+
+    Both the transformers 4.x (`rope_theta`, `torch_dtype`) and 5.x
+    (`rope_parameters`, `dtype`) spellings are written, so either loads it.
+    """
+    _check_cfg(cfg)
+    if not cfg["qk_norm"]:
+        raise ValueError(
+            "Hugging Face Qwen3 always uses QK-norm; a cfg with qk_norm=False "
+            "has no Qwen3ForCausalLM equivalent."
+        )
+    eos_ids = eos_token_id if isinstance(eos_token_id, list) else [eos_token_id]
+    for name, ids in (("bos_token_id", [bos_token_id]), ("eos_token_id", eos_ids)):
+        for i in ids:
+            if i is not None and not 0 <= i < cfg["vocab_size"]:
+                raise ValueError(
+                    f"{name}={i} lies outside the vocabulary "
+                    f"(vocab_size={cfg['vocab_size']}); pass {name}=None or "
+                    f"an id of this model."
+                )
+    dtype_name = str(dtype or cfg["dtype"]).removeprefix("torch.")
+    head_dim = cfg["head_dim"] or cfg["emb_dim"] // cfg["n_heads"]
+    theta = float(cfg["rope_base"])
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": cfg["vocab_size"],
+        "hidden_size": cfg["emb_dim"],
+        "intermediate_size": cfg["hidden_dim"],
+        "num_hidden_layers": cfg["n_layers"],
+        "num_attention_heads": cfg["n_heads"],
+        "num_key_value_heads": cfg["n_kv_groups"],
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg["context_length"],
+        "rms_norm_eps": 1e-6,
+        "rope_theta": theta,
+        "rope_scaling": None,
+        "rope_parameters": {"rope_type": "default", "rope_theta": theta},
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": cfg["n_layers"],
+        "initializer_range": 0.02,
+        "tie_word_embeddings": tie_word_embeddings,
+        "bos_token_id": bos_token_id,
+        "eos_token_id": eos_token_id,
+        "use_cache": True,
+        "torch_dtype": dtype_name,
+        "dtype": dtype_name,
+    }
+
+
+# --------------------------------------------------------------------------
+# Loading official checkpoints
+# --------------------------------------------------------------------------
+
+
+def _find_weight_files(path: Path) -> tuple[Path, list[Path]]:
+    """(folder holding config.json, safetensors files) for a folder, a
+    `.safetensors` file or a `model.safetensors.index.json`."""
+    if path.is_file() and path.name.endswith(".safetensors"):
+        return path.parent, [path]
+    if path.is_file() and path.name.endswith(".index.json"):
+        index = path
+        folder = path.parent
+    elif path.is_dir():
+        folder = path
+        single = folder / "model.safetensors"
+        if single.is_file():
+            return folder, [single]
+        index = folder / "model.safetensors.index.json"
+        if not index.is_file():
+            found = sorted(p.name for p in folder.iterdir())[:10]
+            raise FileNotFoundError(
+                f"No model.safetensors or model.safetensors.index.json in "
+                f"{folder} (found: {found}). Download the Hugging Face files "
+                f"(config.json and *.safetensors), e.g. from Qwen/Qwen3-0.6B-Base. "
+                f"The book's .pth files load directly with torch.load."
+            )
+    else:
+        raise FileNotFoundError(
+            f"{path} does not exist or is not a folder / .safetensors / "
+            f"index.json file."
+        )
+    weight_map = json.loads(index.read_text())["weight_map"]
+    files = [folder / name for name in dict.fromkeys(weight_map.values())]
+    absent = [f.name for f in files if not f.is_file()]
+    if absent:
+        raise FileNotFoundError(
+            f"{index.name} lists shard(s) that are missing: {absent}; the "
+            f"download is incomplete, fetch them again."
+        )
+    return folder, files
+
+
+def load_hf_checkpoint(
+    path_or_dir: str | os.PathLike,
+    cfg: Mapping[str, Any] | None = None,
+    dtype: torch.dtype | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Read a Hugging Face Qwen3 checkpoint into the book's format.
+
+    Returns `(state_dict, cfg)` such that `Qwen3Model(cfg).load_state_dict(sd)`
+    works. Without `cfg` it is derived from the folder's config.json. Tensors
+    are cast to `dtype` (default: `cfg["dtype"]`, else bfloat16).
+    """
+    folder, files = _find_weight_files(Path(path_or_dir))
+    hf_config: dict[str, Any] = {}
+    config_path = folder / "config.json"
+    if config_path.is_file():
+        hf_config = json.loads(config_path.read_text())
+    if cfg is None:
+        if not hf_config:
+            raise FileNotFoundError(
+                f"No config.json next to the weights in {folder}; download it "
+                f"too, or pass cfg=... explicitly."
+            )
+        cfg = book_config_from_hf(hf_config, dtype or torch.bfloat16)
+    else:
+        _check_cfg(cfg)
+        cfg = dict(cfg)
+    if dtype is not None:
+        cfg["dtype"] = dtype
+
+    hf_sd: dict[str, torch.Tensor] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                hf_sd[key] = f.get_tensor(key).to(cfg["dtype"])
+    tie = hf_config.get("tie_word_embeddings")
+    sd = hf_to_book_state_dict(
+        hf_sd, tie_word_embeddings=None if tie is None else bool(tie), cfg=cfg
+    )
+    return sd, cfg
+
+
+def download_official_qwen3(
+    repo_id: str = "Qwen/Qwen3-0.6B-Base",
+    out_dir: str | os.PathLike | None = None,
+    *,
+    revision: str | None = None,
+) -> Path:
+    """Download an official Qwen3 repo's config, weights and tokenizer files.
+
+    Honours `HF_ENDPOINT` (e.g. a mirror) as set at call time. Returns the
+    folder, ready for `load_hf_checkpoint`. Needs internet.
+    """
+    from huggingface_hub import snapshot_download
+
+    if out_dir is None:
+        out_dir = Path("qwen3") / repo_id.split("/")[-1]
+    endpoint = os.environ.get("HF_ENDPOINT") or None
+    folder = snapshot_download(
+        repo_id,
+        revision=revision,
+        local_dir=str(out_dir),
+        allow_patterns=_ALLOW_PATTERNS,
+        endpoint=endpoint.rstrip("/") if endpoint else None,
+    )
+    return Path(folder)
+
+
+# --------------------------------------------------------------------------
+# Exporting book weights as a Hugging Face folder
+# --------------------------------------------------------------------------
+
+
+def _tokenizer_config(tokenizer_file: Path, eos_token_id, context_length: int):
+    """A `tokenizer_config.json` for the Qwen3 tokenizer.json, so
+    `AutoTokenizer.from_pretrained` needs no network."""
+    data = json.loads(tokenizer_file.read_text(encoding="utf-8"))
+    id_to_token = {t["id"]: t["content"] for t in data.get("added_tokens", [])}
+    eos_first = eos_token_id[0] if isinstance(eos_token_id, list) else eos_token_id
+    eos_id = ENDOFTEXT_ID if eos_first is None else eos_first
+    if eos_id not in id_to_token or ENDOFTEXT_ID not in id_to_token:
+        raise ValueError(
+            f"{tokenizer_file} has no added token with id {eos_id} (or "
+            f"{ENDOFTEXT_ID}); pass the Qwen3 tokenizer.json."
+        )
+    return {
+        "tokenizer_class": "Qwen2Tokenizer",
+        "bos_token": None,
+        "eos_token": id_to_token[eos_id],
+        "pad_token": id_to_token[ENDOFTEXT_ID],
+        "unk_token": None,
+        "add_prefix_space": False,
+        "errors": "replace",
+        "clean_up_tokenization_spaces": False,
+        "split_special_tokens": False,
+        "model_max_length": context_length,
+    }
+
+
+def _tokenizer_max_id(tokenizer_file: Path) -> int:
+    data = json.loads(tokenizer_file.read_text(encoding="utf-8"))
+    ids = list(data.get("model", {}).get("vocab", {}).values())
+    ids += [t["id"] for t in data.get("added_tokens", [])]
+    return max(ids, default=-1)
+
+
+def export_hf_folder(
+    model_or_state_dict: torch.nn.Module | Mapping[str, torch.Tensor],
+    cfg: Mapping[str, Any],
+    out_dir: str | os.PathLike,
+    tokenizer_file: str | os.PathLike | None = None,
+    *,
+    dtype: torch.dtype | None = None,
+    bos_token_id: int | None = ENDOFTEXT_ID,
+    eos_token_id: int | list[int] | None = ENDOFTEXT_ID,
+    overwrite: bool = False,
+) -> Path:
+    """Write book-format Qwen3 weights as a Hugging Face model folder.
+
+    The folder (config.json, model.safetensors, generation_config.json and,
+    given `tokenizer_file`, tokenizer.json + tokenizer_config.json) loads
+    with `AutoModelForCausalLM`/`AutoTokenizer.from_pretrained` and serves
+    with vLLM or SGLang. The output head is tied (stored once) exactly when
+    it equals the embedding. Use `eos_token_id=151645` for the reasoning
+    model. The folder appears atomically: a failure leaves nothing behind.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        if not overwrite:
+            raise FileExistsError(
+                f"{out_dir} already exists and is not empty; choose a new "
+                f"folder or pass overwrite=True."
+            )
+    if isinstance(model_or_state_dict, torch.nn.Module):
+        sd = model_or_state_dict.state_dict()
+    else:
+        sd = dict(model_or_state_dict)
+    tok_path = None if tokenizer_file is None else Path(tokenizer_file)
+    if tok_path is not None and not tok_path.is_file():
+        raise FileNotFoundError(f"tokenizer_file {tok_path} does not exist.")
+
+    check_state_dict_shapes(sd, cfg)
+    dtype = dtype or cfg["dtype"]
+    tied = sd["out_head.weight"].dtype == sd["tok_emb.weight"].dtype and bool(
+        torch.equal(sd["out_head.weight"], sd["tok_emb.weight"])
+    )
+    hf_config = hf_config_from_book(
+        cfg,
+        tie_word_embeddings=tied,
+        dtype=dtype,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+    )
+    tok_config = None
+    if tok_path is not None:
+        max_id = _tokenizer_max_id(tok_path)
+        if max_id >= cfg["vocab_size"]:
+            raise ValueError(
+                f"{tok_path} has token ids up to {max_id}, beyond the model's "
+                f"vocab_size={cfg['vocab_size']}; it is not this model's tokenizer."
+            )
+        tok_config = _tokenizer_config(tok_path, eos_token_id, cfg["context_length"])
+    hf_sd = book_to_hf_state_dict(sd, tie_word_embeddings=tied)
+    # Own, contiguous copies on the CPU: safetensors refuses shared storage.
+    hf_sd = {
+        k: v.detach().to(device="cpu", dtype=dtype).contiguous().clone()
+        for k, v in hf_sd.items()
+    }
+    generation_config = {
+        "bos_token_id": bos_token_id,
+        "eos_token_id": eos_token_id,
+        "pad_token_id": ENDOFTEXT_ID if ENDOFTEXT_ID < cfg["vocab_size"] else None,
+    }
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    try:
+        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        (tmp / "generation_config.json").write_text(
+            json.dumps(generation_config, indent=2) + "\n"
+        )
+        save_file(hf_sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if tok_path is not None:
+            shutil.copyfile(tok_path, tmp / "tokenizer.json")
+            (tmp / "tokenizer_config.json").write_text(
+                json.dumps(tok_config, indent=2) + "\n"
+            )
+        os.chmod(tmp, 0o755)
+        _replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _replace_dir(src: Path, dest: Path) -> None:
+    """Move the finished folder `src` to `dest`, replacing what is there."""
+    if not dest.exists():
+        os.replace(src, dest)
+        return
+    if dest.is_dir() and not any(dest.iterdir()):
+        dest.rmdir()
+        os.replace(src, dest)
+        return
+    old = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.old."))
+    old.rmdir()
+    os.replace(dest, old)
+    try:
+        os.replace(src, dest)
+    except BaseException:
+        os.replace(old, dest)  # put the previous export back
+        raise
+    if old.is_dir():
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        old.unlink(missing_ok=True)
