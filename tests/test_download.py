@@ -46,6 +46,7 @@ def hosts(monkeypatch: pytest.MonkeyPatch, payloads: dict[str, bytes]):
         raise AssertionError("plain HTTP servers must not trigger a xet download")
 
     monkeypatch.setattr(huggingface_hub.file_download, "xet_get", no_xet)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     with FakeHost() as hub, FakeHost() as cdn, FakeHost() as mirror:
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
         monkeypatch.setenv("QWEN3_BACKUP_URL", mirror.url + MIRROR_PREFIX.rstrip("/"))
@@ -95,7 +96,7 @@ def test_primary_success(hosts, payloads, tmp_path, capsys, monkeypatch):
     assert record["source"] == hub.url + HUB_PREFIX + MODEL
     captured = capsys.readouterr()
     assert f"Saved {tmp_path / MODEL}" in captured.out
-    assert f"from the Hugging Face: {hub.url}" in captured.out
+    assert f"from the Hugging Face Hub: {hub.url}" in captured.out
     assert "100%" in captured.err  # the hub client's progress bars
 
 

@@ -111,9 +111,9 @@ def download_qwen3_small(
     network; returns `standin=True`; real files there are replaced by stand-ins).
     Raises `DownloadError`, listing each URL tried, if all sources fail.
     """
+    tok_name, model_name = file_names(kind)
     from utils import standin  # imports torch: only when called
 
-    tok_name, model_name = file_names(kind)
     out = Path(out_dir)
     names = [tok_name] if tokenizer_only else [tok_name, model_name]
 
@@ -239,7 +239,7 @@ def _ensure_file(out: Path, name: str, endpoint: str, backup: str) -> None:
         print(f"{dest}: already downloaded and verified")
         return
     sources = [
-        ("Hugging Face", f"{endpoint}/{REPO_ID}/resolve/main/{name}", _from_hub),
+        ("Hugging Face Hub", f"{endpoint}/{REPO_ID}/resolve/main/{name}", _from_hub),
         ("backup mirror", f"{backup}/{name}", _from_backup),
     ]
     attempts: list[tuple[str, str]] = []
