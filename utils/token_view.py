@@ -345,6 +345,12 @@ def append_next_token(
     return [*ids, int(token_id)]
 
 
+def _chart_label(piece: str) -> str:
+    """repr of a piece; characters beyond Latin (which matplotlib's default
+    font lacks, e.g. CJK) are written as escapes instead of empty boxes."""
+    return repr(piece) if all(ord(c) < 0x250 for c in piece) else ascii(piece)
+
+
 def plot_top_k(topk: TopK, title: str | None = None, ax: Any = None) -> Any:
     """Horizontal bar chart of a `TopK` (most likely on top); returns the
     figure. Uses matplotlib's object API, so nothing is shown or kept open."""
@@ -355,7 +361,9 @@ def plot_top_k(topk: TopK, title: str | None = None, ax: Any = None) -> Any:
         ax = fig.add_subplot()
     else:
         fig = ax.figure
-    labels = [f"{p!r}  ({i})" for i, p in zip(topk.ids, topk.pieces, strict=True)]
+    labels = [
+        f"{_chart_label(p)}  ({i})" for i, p in zip(topk.ids, topk.pieces, strict=True)
+    ]
     y = list(range(len(labels)))[::-1]
     bars = ax.barh(y, topk.probs, color="#4c78a8")
     ax.set_yticks(y, labels, fontfamily="monospace")

@@ -1,0 +1,172 @@
+"""Widgets build without a browser, fall back to plain text, and the
+generation panel streams the generator's tokens and can be stopped."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from _view_fixtures import load_tokenizer, standin_files, tiny_model
+
+from utils import widgets
+from utils.generation import generate_text_basic_stream_cache
+from utils.token_view import render_plain, token_spans, top_k_next_tokens
+
+PROMPT = "Explain large language models."
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    path, _ = standin_files(tmp_path_factory, "base", tokenizer_only=True)
+    return load_tokenizer(path)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+def reference_ids(model, tok, prompt, n):
+    ids = torch.tensor([tok.encode(prompt)])
+    return [int(t) for t in generate_text_basic_stream_cache(model, ids, n)]
+
+
+def test_detection_rules(monkeypatch):
+    assert widgets.widgets_enabled(plain=True) is False
+    assert widgets.widgets_enabled(plain=False) is True
+    # pytest itself (and nbval kernels, which inherit the variable) -> plain
+    assert widgets.widgets_enabled() is False
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")
+    monkeypatch.setenv("UTILS_NO_WIDGETS", "1")
+    assert widgets.widgets_enabled() is False
+    monkeypatch.delenv("UTILS_NO_WIDGETS")
+    # Not inside an IPython kernel (this test process) -> plain
+    assert widgets.widgets_enabled() is False
+
+
+def test_token_explorer_widget_updates_with_text(tok):
+    view = widgets.token_explorer(tok, PROMPT, plain=False)
+    assert isinstance(view, widgets.TokenExplorer)
+    assert "6 tokens" in view.tokens_html.value
+    assert ">840</div>" in view.tokens_html.value
+    view.text_box.value = "你好<|im_end|>"  # as if typed
+    spans = token_spans(tok, "你好<|im_end|>")
+    assert f"{len(spans)} tokens" in view.tokens_html.value
+    assert ">151645</div>" in view.tokens_html.value
+    bundle = view._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+
+
+def test_token_explorer_plain_prints_book_lines(tok, capsys):
+    assert widgets.token_explorer(tok, PROMPT) is None  # auto: plain in pytest
+    out = capsys.readouterr().out
+    assert out.startswith(render_plain(token_spans(tok, PROMPT)))
+    assert "840 --> Ex" in out and "(6 tokens)" in out
+
+
+def test_next_token_view_steps_and_resets(tok, model):
+    view = widgets.next_token_view(model, tok, PROMPT, k=5, plain=False)
+    assert isinstance(view, widgets.NextTokenView)
+    prompt_ids = tok.encode(PROMPT)
+    first = top_k_next_tokens(model, tok, prompt_ids, k=5)
+    assert view.topk == first
+    assert view.choice.value == first.ids[0]
+    assert bytes(view.chart.value).startswith(b"\x89PNG")
+    view.step_button.click()  # greedy step
+    assert view.token_ids == [*prompt_ids, first.ids[0]]
+    view.choice.value = view.topk.ids[2]
+    picked = view.topk.ids[2]
+    view.step_button.click()  # the selected token, not the argmax
+    assert view.token_ids[-1] == picked
+    assert view.topk == top_k_next_tokens(model, tok, view.token_ids, k=5)
+    view.reset_button.click()
+    assert view.token_ids == prompt_ids
+
+
+def test_next_token_view_plain_prints_table(tok, model, capsys):
+    assert widgets.next_token_view(model, tok, PROMPT, k=3, plain=True) is None
+    out = capsys.readouterr().out.splitlines()
+    top = top_k_next_tokens(model, tok, tok.encode(PROMPT), k=3)
+    assert len(out) == 2 + 3
+    for line, tid in zip(out[2:], top.ids, strict=True):
+        assert line.split()[1] == str(tid)
+
+
+def test_generation_panel_matches_generator(tok, model):
+    panel = widgets.generation_panel(model, tok, PROMPT, max_new_tokens=12, plain=False)
+    assert isinstance(panel, widgets.GenerationPanel)
+    assert panel.stop_button.disabled
+    panel.generate_button.click()
+    assert panel.wait(timeout=60)
+    assert panel.error is None
+    expected = reference_ids(model, tok, PROMPT, 12)
+    assert panel.token_ids == expected
+    assert panel.status.value.startswith(f"done: {len(expected)} tokens")
+    assert panel.stats["num_tokens"] == len(expected)
+    assert panel.generate_button.disabled is False and panel.stop_button.disabled
+    # Without the KV cache: same tokens
+    panel.cache_box.value = False
+    panel.start()
+    assert panel.wait(timeout=60)
+    assert panel.token_ids == expected
+
+
+def test_generation_panel_fast_toggle_state(tok, model):
+    from utils.token_view import fast_decode_available
+
+    panel = widgets.generation_panel(model, tok, PROMPT, plain=False)
+    assert panel.fast_box.disabled is (not fast_decode_available())
+    if not fast_decode_available():
+        assert "needs utils.fast_decode" in panel.fast_box.tooltip
+    else:
+        panel.fast_box.value = True
+        panel.max_tokens.value = 6
+        panel.start()
+        assert panel.wait(timeout=60) and panel.error is None
+        assert panel.token_ids == reference_ids(model, tok, PROMPT, 6)
+
+
+def test_stop_button_stops_a_running_generation(tok, model):
+    # Slow each forward pass down so the generation is still running when the
+    # main thread presses Stop, as a user would.
+    def slow(*_):
+        time.sleep(0.05)
+
+    handle = model.register_forward_pre_hook(slow)
+    try:
+        panel = widgets.generation_panel(
+            model, tok, PROMPT, max_new_tokens=200, plain=False
+        )
+        panel.start()
+        deadline = time.monotonic() + 60
+        while len(panel.token_ids) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert panel.running
+        panel.stop_button.click()
+        assert panel.wait(timeout=30)
+    finally:
+        handle.remove()
+    n = len(panel.token_ids)
+    assert 3 <= n < 200
+    assert panel.status.value.startswith(f"stopped: {n} tokens")
+    assert panel.token_ids == reference_ids(model, tok, PROMPT, n)
+
+
+def test_generation_panel_reports_errors_in_the_panel(tok, model):
+    panel = widgets.generation_panel(model, tok, "", plain=False)  # empty prompt
+    panel.start()
+    assert panel.wait(timeout=30)
+    assert panel.error is not None and "empty" in panel.error
+    assert panel.status.value.startswith("error:")
+    assert not panel.generate_button.disabled
+
+
+def test_generation_panel_plain_streams_and_prints_stats(tok, model, capsys):
+    assert widgets.generation_panel(model, tok, PROMPT, max_new_tokens=5) is None
+    out = capsys.readouterr().out
+    from utils.token_view import decode_bytes
+
+    text = decode_bytes(tok, reference_ids(model, tok, PROMPT, 5))
+    assert out.startswith(text)
+    assert "tokens/sec" in out and "Time:" in out

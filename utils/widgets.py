@@ -1,0 +1,436 @@
+"""Interactive notebook views built on `utils.token_view`.
+
+* `token_explorer(tokenizer, text)`: a text box and the coloured tokens, ids
+  and token count, updated as you type.
+* `next_token_view(model, tokenizer, prompt, k)`: the top-k next-token chart;
+  "Step" appends the chosen token (the most likely one unless you pick
+  another) and redraws.
+* `generation_panel(model, tokenizer, prompt)`: streams generated text with
+  tokens/sec, with KV cache / compile / fast-path switches and a Stop button.
+
+When widgets cannot be shown, each function prints a plain result instead and
+returns None. Plain mode is used when `plain=True` is passed, when the
+environment variable UTILS_NO_WIDGETS is 1/true/yes/on, when ipywidgets is not
+installed, when the code does not run inside a Jupyter (ipykernel) kernel,
+e.g. in a script or the terminal IPython, or when PYTEST_CURRENT_TEST is set
+(pytest, and notebook kernels that nbval starts, inherit it). `plain=False`
+forces widgets, e.g. to build them in tests without a browser. A kernel
+cannot tell whether its frontend renders widgets (plain `jupyter nbconvert`
+does not), so set UTILS_NO_WIDGETS=1 there.
+
+Stopping: the generation panel decodes in a background thread. The cell that
+starts it returns at once, so the kernel is free to handle the Stop click,
+which sets a `threading.Event` that the thread checks before each new token
+(a stop lands after the current token; during a torch.compile warm-up it
+lands once the first compiled step returns). Widget values are updated from
+that thread, which ipywidgets supports.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+NO_WIDGETS_ENV = "UTILS_NO_WIDGETS"
+DEFAULT_PROMPT = "Explain large language models."
+
+
+def widgets_enabled(plain: bool | None = None) -> bool:
+    """Whether to build widgets (True) or print plain results (False); see
+    the module docstring for the rules. `plain` overrides them."""
+    if plain is not None:
+        return not plain
+    if os.environ.get(NO_WIDGETS_ENV, "").strip().lower() in {"1", "true", "yes", "on"}:
+        return False
+    if "PYTEST_CURRENT_TEST" in os.environ:
+        return False
+    try:
+        import ipywidgets  # noqa: F401
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+class _View:
+    """Displays as its `widget` in Jupyter."""
+
+    widget: Any
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
+
+
+# --------------------------------------------------------------------------
+# Token explorer
+# --------------------------------------------------------------------------
+
+
+class TokenExplorer(_View):
+    """Text box plus coloured token boxes (ids below, count on top)."""
+
+    def __init__(self, tokenizer: Any, text: str) -> None:
+        import ipywidgets as w
+
+        self.tokenizer = tokenizer
+        self.text_box = w.Textarea(
+            value=text,
+            description="Text",
+            continuous_update=True,
+            layout=w.Layout(width="100%", height="5em"),
+        )
+        self.tokens_html = w.HTML()
+        self.text_box.observe(lambda change: self.update(), names="value")
+        self.widget = w.VBox([self.text_box, self.tokens_html])
+        self.update()
+
+    @property
+    def spans(self) -> list[Any]:
+        from utils.token_view import token_spans
+
+        return token_spans(self.tokenizer, self.text_box.value)
+
+    def update(self) -> None:
+        from utils.token_view import render_html
+
+        self.tokens_html.value = render_html(self.spans)
+
+
+def token_explorer(
+    tokenizer: Any, text: str = DEFAULT_PROMPT, plain: bool | None = None
+) -> TokenExplorer | None:
+    """Show how `tokenizer` splits `text`: a live widget, or (plain mode) the
+    book's ``<id> --> <piece>`` lines and the token count."""
+    from utils.token_view import render_plain, token_spans
+
+    if widgets_enabled(plain):
+        return TokenExplorer(tokenizer, text)
+    spans = token_spans(tokenizer, text)
+    print(render_plain(spans))
+    print(f"({len(spans)} tokens)")
+    return None
+
+
+# --------------------------------------------------------------------------
+# Next-token view
+# --------------------------------------------------------------------------
+
+
+def _format_top_k(topk: Any) -> str:
+    lines = [f"{'rank':>4}  {'id':>6}  {'prob':>7}  piece"]
+    for rank, (tid, piece, prob) in enumerate(topk.rows(), start=1):
+        lines.append(f"{rank:>4}  {tid:>6}  {prob:7.4f}  {piece!r}")
+    return "\n".join(lines)
+
+
+class NextTokenView(_View):
+    """Top-k chart for the current text; Step appends the chosen token."""
+
+    def __init__(self, model: Any, tokenizer: Any, prompt: str, k: int) -> None:
+        import ipywidgets as w
+
+        self.model, self.tokenizer, self.k = model, tokenizer, k
+        self.prompt_ids = list(tokenizer.encode(prompt))
+        self.token_ids = list(self.prompt_ids)
+        self.topk: Any = None
+        self.text_html = w.HTML()
+        self.chart = w.Image(format="png")
+        self.choice = w.Dropdown(description="Next token")
+        self.step_button = w.Button(description="Step", button_style="primary")
+        self.reset_button = w.Button(description="Reset")
+        self.step_button.on_click(lambda _: self.step(self.choice.value))
+        self.reset_button.on_click(lambda _: self.reset())
+        self.widget = w.VBox(
+            [
+                self.text_html,
+                w.HBox([self.choice, self.step_button, self.reset_button]),
+                self.chart,
+            ]
+        )
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Recompute the top-k for the current ids and redraw."""
+        from utils.token_view import (
+            decode_bytes,
+            figure_png,
+            plot_top_k,
+            top_k_next_tokens,
+        )
+
+        self.topk = top_k_next_tokens(
+            self.model, self.tokenizer, self.token_ids, self.k
+        )
+        prompt = decode_bytes(self.tokenizer, self.prompt_ids)
+        added = decode_bytes(self.tokenizer, self.token_ids[len(self.prompt_ids) :])
+        self.text_html.value = (
+            '<div style="font-family:monospace;white-space:pre-wrap">'
+            f"{html.escape(prompt)}<b style='background:#fef3c7'>"
+            f"{html.escape(added)}</b></div>"
+        )
+        self.choice.options = [
+            (f"{piece!r} ({prob:.3f})", tid) for tid, piece, prob in self.topk.rows()
+        ]
+        self.choice.value = self.topk.ids[0]
+        self.chart.value = figure_png(plot_top_k(self.topk))
+
+    def step(self, token_id: int | None = None) -> list[int]:
+        """Append `token_id` (default: the most likely) and redraw."""
+        if token_id is None:
+            token_id = self.topk.ids[0]
+        self.token_ids = [*self.token_ids, int(token_id)]
+        self.refresh()
+        return self.token_ids
+
+    def reset(self) -> None:
+        self.token_ids = list(self.prompt_ids)
+        self.refresh()
+
+
+def next_token_view(
+    model: Any,
+    tokenizer: Any,
+    prompt: str = DEFAULT_PROMPT,
+    k: int = 10,
+    plain: bool | None = None,
+) -> NextTokenView | None:
+    """Chart the `k` most likely next tokens after `prompt`, with a Step
+    button; plain mode prints the same top-k as a table."""
+    from utils.token_view import top_k_next_tokens
+
+    if widgets_enabled(plain):
+        return NextTokenView(model, tokenizer, prompt, k)
+    topk = top_k_next_tokens(model, tokenizer, tokenizer.encode(prompt), k)
+    print(f"Top {len(topk.ids)} next tokens after {prompt!r}:")
+    print(_format_top_k(topk))
+    return None
+
+
+# --------------------------------------------------------------------------
+# Generation panel
+# --------------------------------------------------------------------------
+
+
+class GenerationPanel(_View):
+    """Prompt box, options, Generate/Stop buttons and live streamed text.
+
+    `start()` launches generation in a background thread, `stop()` asks it to
+    end before the next token, `wait()` joins it. `token_ids` and `text` hold
+    what was generated so far.
+    """
+
+    UPDATE_EVERY_S = 0.1  # at most ~10 widget updates per second
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        prompt: str,
+        max_new_tokens: int,
+        eos_token_id: int | None,
+    ) -> None:
+        import ipywidgets as w
+
+        from utils.token_view import GreedyStreamer, fast_decode_available
+
+        self.tokenizer = tokenizer
+        self.eos_token_id = eos_token_id
+        self.streamer = GreedyStreamer(model)
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.stats: dict[str, Any] | None = None
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+        self.prompt_box = w.Textarea(
+            value=prompt, description="Prompt", layout=w.Layout(width="100%")
+        )
+        self.max_tokens = w.BoundedIntText(
+            value=max_new_tokens,
+            min=1,
+            max=int(model.cfg["context_length"]),
+            description="Max tokens",
+        )
+        self.cache_box = w.Checkbox(value=True, description="KV cache")
+        self.compile_box = w.Checkbox(
+            value=False,
+            description="torch.compile",
+            tooltip="compiles on first use: minutes of warm-up on a CPU",
+        )
+        has_fast = fast_decode_available()
+        self.fast_box = w.Checkbox(
+            value=False,
+            description="fast path",
+            disabled=not has_fast,
+            tooltip=(
+                "static KV cache decode from utils.fast_decode"
+                if has_fast
+                else "needs utils.fast_decode, which this checkout does not have"
+            ),
+        )
+        self.generate_button = w.Button(description="Generate", button_style="primary")
+        self.stop_button = w.Button(
+            description="Stop", button_style="danger", disabled=True
+        )
+        self.output = w.HTML()
+        self.status = w.Label()
+        self.generate_button.on_click(lambda _: self.start())
+        self.stop_button.on_click(lambda _: self.stop())
+        self.widget = w.VBox(
+            [
+                self.prompt_box,
+                w.HBox([self.max_tokens, self.cache_box, self.compile_box]),
+                w.HBox([self.fast_box, self.generate_button, self.stop_button]),
+                self.output,
+                self.status,
+            ]
+        )
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> threading.Thread | None:
+        """Start generating in a background thread (no-op while running)."""
+        if self.running:
+            return None
+        self._stop.clear()
+        self.token_ids, self.text, self.stats, self.error = [], "", None, None
+        self.generate_button.disabled = True
+        self.stop_button.disabled = False
+        self.status.value = "starting ..."
+        self._thread = threading.Thread(target=self._work, daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self) -> None:
+        """Ask the generation to end before its next token."""
+        self._stop.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the generation to end; True if it has."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return not self.running
+
+    def _show(self, start: float, final: bool = False) -> None:
+        elapsed = max(time.perf_counter() - start, 1e-9)
+        n = len(self.token_ids)
+        self.output.value = (
+            f'<pre style="white-space:pre-wrap;margin:0">{html.escape(self.text)}</pre>'
+        )
+        state = "done" if final else "generating"
+        if final and self._stop.is_set():
+            state = "stopped"
+        self.status.value = f"{state}: {n} tokens, {n / elapsed:.1f} tokens/sec"
+
+    def _work(self) -> None:
+        import torch
+
+        from utils.generation import generate_stats, reset_peak_memory
+        from utils.token_view import Utf8StreamDecoder
+
+        start = time.perf_counter()
+        try:
+            device = next(self.streamer.model.parameters()).device
+            ids = torch.tensor([self.tokenizer.encode(self.prompt_box.value)])
+            ids = ids.to(device)
+            reset_peak_memory(device)
+            decoder = Utf8StreamDecoder(self.tokenizer)
+            stream = self.streamer.stream(
+                ids,
+                int(self.max_tokens.value),
+                self.eos_token_id,
+                cache=self.cache_box.value,
+                compile=self.compile_box.value,
+                fast=self.fast_box.value,
+            )
+            t0, last = time.time(), 0.0
+            start = time.perf_counter()
+            try:
+                for token_id in stream:
+                    self.token_ids.append(token_id)
+                    self.text += decoder.feed(token_id)
+                    now = time.perf_counter()
+                    if now - last >= self.UPDATE_EVERY_S:
+                        self._show(start)
+                        last = now
+                    if self._stop.is_set():
+                        break
+            finally:
+                stream.close()
+            self.text += decoder.flush()
+            if self.token_ids:
+                self.stats = generate_stats(
+                    torch.tensor(self.token_ids, device=device),
+                    self.tokenizer,
+                    t0,
+                    max(time.time(), t0 + 1e-9),
+                    quiet=True,
+                )
+            self._show(start, final=True)
+            if self.stats:
+                gb = self.stats["peak_mem_bytes"] / 1024**3
+                self.status.value += f"; {self.stats['memory_kind']}: {gb:.2f} GB"
+        except Exception as exc:  # shown in the panel; the thread must not die
+            self.error = f"{type(exc).__name__}: {exc}"
+            self.status.value = f"error: {self.error}"
+        finally:
+            self.generate_button.disabled = False
+            self.stop_button.disabled = True
+
+
+def generation_panel(
+    model: Any,
+    tokenizer: Any,
+    prompt: str = DEFAULT_PROMPT,
+    max_new_tokens: int = 100,
+    eos_token_id: int | None = None,
+    plain: bool | None = None,
+    cache: bool = True,
+) -> GenerationPanel | None:
+    """A live generation panel; plain mode streams the text with `print` and
+    then prints time, tokens/sec and memory (`utils.generation.generate_stats`).
+    `eos_token_id` defaults to the tokenizer's."""
+    import torch
+
+    from utils.generation import check_generation_inputs, generate_stats
+    from utils.token_view import GreedyStreamer, Utf8StreamDecoder
+
+    if eos_token_id is None:
+        eos_token_id = getattr(tokenizer, "eos_token_id", None)
+    if widgets_enabled(plain):
+        return GenerationPanel(model, tokenizer, prompt, max_new_tokens, eos_token_id)
+    device = next(model.parameters()).device
+    ids = torch.tensor([tokenizer.encode(prompt)], device=device)
+    check_generation_inputs(model, ids, max_new_tokens)
+    decoder = Utf8StreamDecoder(tokenizer)
+    out: list[int] = []
+    start = time.time()
+    for token_id in GreedyStreamer(model).stream(
+        ids, max_new_tokens, eos_token_id, cache=cache
+    ):
+        out.append(token_id)
+        print(decoder.feed(token_id), end="", flush=True)
+    end = time.time()
+    print(decoder.flush(), end="")
+    if out:
+        generate_stats(torch.tensor(out, device=device), tokenizer, start, end)
+    return None
+
+
+__all__: Sequence[str] = [
+    "widgets_enabled",
+    "token_explorer",
+    "next_token_view",
+    "generation_panel",
+    "TokenExplorer",
+    "NextTokenView",
+    "GenerationPanel",
+]
