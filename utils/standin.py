@@ -31,7 +31,7 @@ STANDIN_ENV = "QWEN3_STANDIN"
 CACHE_ENV = "QWEN3_STANDIN_CACHE"
 SIDECAR_SUFFIX = ".STANDIN.json"
 MARK_KEY = "qwen3_standin"  # key in the checkpoint's `_metadata`
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SEEDS = {"base": 20250601, "reasoning": 20250602}
 
 BANNER = (
@@ -120,29 +120,35 @@ def standin_state_dict(cfg: Mapping[str, Any], seed: int) -> dict[str, torch.Ten
     """A seeded random state dict with the keys and shapes of the book's
     `Qwen3Model(cfg)`, in `cfg["dtype"]`.
 
-    Linear layers are drawn from N(0, 0.02^2) like a fresh Qwen3; the norm
-    scales are ones, except the final norm, which is scaled up so the output
-    logits spread widely and greedy decoding is stable across float formats.
-    The output head is tied to the token embedding, as in Qwen3-0.6B.
+    The scales are chosen so the stand-in behaves like a working network
+    rather than a collapsed one: unit-gain input projections, small residual
+    updates (so each step depends on the current token and its context), an
+    independent output head and a large final-norm scale, so the logits spread
+    widely and greedy decoding is stable across float formats. The text it
+    produces is still gibberish.
     """
     from reasoning_from_scratch.qwen3 import Qwen3Model
 
     with torch.device("meta"):
-        shapes = {
-            k: (v.shape, v.dtype) for k, v in Qwen3Model(dict(cfg)).state_dict().items()
-        }
+        model = Qwen3Model(dict(cfg))
+        shapes = {k: (v.shape, v.dtype) for k, v in model.state_dict().items()}
+    n_layers = cfg["n_layers"]
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
     for name, (shape, dtype) in shapes.items():
-        if name == "out_head.weight":
-            continue  # tied below
         if name.endswith("scale"):
-            value = 4.0 if name == "final_norm.scale" else 1.0
+            value = 8.0 if name == "final_norm.scale" else 1.0
             out[name] = torch.full(shape, value, dtype=dtype)
+            continue
+        fan_in = shape[-1]
+        if name == "tok_emb.weight":
+            std = 1.0
+        elif name.endswith(("out_proj.weight", "ff.fc3.weight")):
+            # residual branches: keep the stream close to the token embedding
+            std = 0.5 / (fan_in * n_layers) ** 0.5
         else:
-            out[name] = (torch.randn(shape, generator=gen) * 0.02).to(dtype)
-    # A separate copy, so the file has the size of the book's checkpoint
-    out["out_head.weight"] = out["tok_emb.weight"].clone()
+            std = 1.0 / fan_in**0.5
+        out[name] = (torch.randn(shape, generator=gen) * std).to(dtype)
     return out
 
 

@@ -1,0 +1,135 @@
+"""The book's generators in utils.generation: validation, EOS, equality with
+the book's package, and cached == uncached."""
+
+import time
+
+import pytest
+import torch
+from reasoning_from_scratch import ch02 as book
+from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model
+
+from utils.generation import (
+    generate_stats,
+    generate_text_basic_stream,
+    generate_text_basic_stream_cache,
+)
+from utils.standin import standin_state_dict
+
+TINY = {
+    "vocab_size": 512,
+    "context_length": 128,
+    "emb_dim": 64,
+    "n_heads": 4,
+    "n_layers": 2,
+    "hidden_dim": 128,
+    "head_dim": 16,
+    "qk_norm": True,
+    "n_kv_groups": 2,
+    "rope_base": 1_000_000.0,
+    "dtype": torch.float32,
+}
+GENERATORS = [generate_text_basic_stream, generate_text_basic_stream_cache]
+
+
+def run(gen, model, ids, n, eos=None) -> list[int]:
+    return [t.item() for t in gen(model, ids, n, eos_token_id=eos)]
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Qwen3Model:
+    model = Qwen3Model(TINY)
+    model.load_state_dict(standin_state_dict(TINY, seed=3))
+    return model.eval()
+
+
+@pytest.fixture
+def prompt() -> torch.Tensor:
+    return torch.tensor([[5, 17, 301, 42, 7, 99]])
+
+
+@pytest.mark.parametrize("gen", GENERATORS)
+def test_yields_exactly_max_new_tokens(gen, tiny_model, prompt):
+    tokens = list(gen(tiny_model, prompt, 25))
+    assert len(tokens) == 25
+    assert all(t.shape == (1, 1) for t in tokens)
+    assert run(gen, tiny_model, prompt, 0) == []
+
+
+def test_cached_equals_uncached_tiny(tiny_model, prompt):
+    plain = run(generate_text_basic_stream, tiny_model, prompt, 60)
+    cached = run(generate_text_basic_stream_cache, tiny_model, prompt, 60)
+    assert plain == cached
+    assert len(set(plain)) > 5, "stand-in should not collapse to one token"
+
+
+@pytest.mark.parametrize("gen", GENERATORS)
+def test_stops_at_eos_and_never_yields_it(gen, tiny_model, prompt):
+    full = run(gen, tiny_model, prompt, 30)
+    # Use the 8th generated token as "EOS": generation must stop right before
+    # its first occurrence.
+    eos = full[7]
+    stop = full.index(eos)
+    out = run(gen, tiny_model, prompt, 30, eos=eos)
+    assert out == full[:stop]
+    assert eos not in out
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs"),
+    [
+        (generate_text_basic_stream, book.generate_text_basic_stream),
+        (generate_text_basic_stream_cache, book.generate_text_basic_stream_cache),
+    ],
+)
+def test_equal_to_book_package(ours, theirs, tiny_model, prompt):
+    for eos in (None, run(ours, tiny_model, prompt, 12)[9]):
+        mine = run(ours, tiny_model, prompt, 20, eos)
+        ref = [t.item() for t in theirs(tiny_model, prompt, 20, eos_token_id=eos)]
+        assert mine == ref
+
+
+@pytest.mark.parametrize("gen", GENERATORS)
+def test_input_validation(gen, tiny_model, prompt):
+    with pytest.raises(ValueError, match="empty"):
+        gen(tiny_model, torch.empty(1, 0, dtype=torch.long), 5)
+    with pytest.raises(ValueError, match=">= 0"):
+        gen(tiny_model, prompt, -1)
+    with pytest.raises(ValueError, match="unsqueeze"):
+        gen(tiny_model, prompt[0], 5)
+    with pytest.raises(ValueError, match="context length"):
+        gen(tiny_model, prompt, TINY["context_length"])
+    # The limit itself is fine
+    gen(tiny_model, prompt, TINY["context_length"] - prompt.shape[1])
+
+
+def test_generate_stats_reports_speed_and_memory(capsys):
+    out = torch.zeros(1, 50, dtype=torch.long)
+    start = time.perf_counter()
+    stats = generate_stats(out, None, start, start + 2.0)
+    assert stats["num_tokens"] == 50
+    assert stats["tokens_per_sec"] == pytest.approx(25.0)
+    assert stats["peak_mem_bytes"] > 10 * 1024**2  # a Python process with torch
+    printed = capsys.readouterr().out
+    assert "25 tokens/sec" in printed
+    assert "Time: 2.00 sec" in printed
+    assert "GB" in printed
+    with pytest.raises(ValueError):
+        generate_stats(out, None, start, start)
+
+
+@pytest.fixture(scope="module")
+def standin_06b() -> Qwen3Model:
+    model = Qwen3Model(QWEN_CONFIG_06_B)
+    model.load_state_dict(standin_state_dict(QWEN_CONFIG_06_B, seed=20250601))
+    return model.eval()
+
+
+def test_cached_equals_uncached_and_book_on_06b_standin(standin_06b):
+    """Real shape, bf16: both generators and the book's agree token for token."""
+    ids = torch.tensor([[840, 20772, 3460, 4128, 4119, 13]])
+    n = 12
+    cached = run(generate_text_basic_stream_cache, standin_06b, ids, n)
+    plain = run(generate_text_basic_stream, standin_06b, ids, n)
+    ref = [t.item() for t in book.generate_text_basic_stream_cache(standin_06b, ids, n)]
+    assert cached == plain == ref
+    assert len(set(cached)) > 3
