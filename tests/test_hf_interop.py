@@ -266,6 +266,18 @@ def test_export_loads_in_transformers_with_same_logits(tmp_path, tied):
         assert torch.equal(back[key], sd[key]), key
 
 
+def test_export_of_a_model_sharing_one_head_parameter(tmp_path):
+    # The book's load_hf_weights_into_qwen ties by sharing the Parameter itself
+    model = book_model(untied_standin(11))
+    model.out_head.weight = model.tok_emb.weight
+    out = export_hf_folder(model, TINY, tmp_path / "hf", **NO_IDS)
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"]
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in f.keys()
+        emb = f.get_tensor("model.embed_tokens.weight")
+    assert torch.equal(emb, model.tok_emb.weight.detach())
+
+
 def test_export_greedy_generation_matches_transformers(tmp_path):
     sd = standin_state_dict(TINY, 6)
     out = export_hf_folder(sd, TINY, tmp_path / "hf", **NO_IDS)
