@@ -181,6 +181,8 @@ def test_backup_restarts_when_server_ignores_range(hosts, payloads, tmp_path):
     (tmp_path / f"{TOK}.part").write_bytes(payloads[TOK][:70_000])
     files = download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
     assert_real(files, payloads)  # not 70 kB of prefix + the whole file again
+    # restarted on the 200 itself, not after a failed size check and a new GET
+    assert range_starts(mirror.seen("GET", TOK)) == [70_000]
 
 
 def test_stale_part_file_is_discarded(hosts, payloads, tmp_path):
