@@ -238,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     # Offline stand-ins, exactly as under pytest (the kernels inherit this).
     os.environ["QWEN3_STANDIN"] = "1"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Plain printed fallbacks instead of widgets, as under nbval (see
+    # utils/widgets.py); their outputs are not stored anyway.
+    os.environ.setdefault("UTILS_NO_WIDGETS", "1")
 
     try:
         notebooks = find_notebooks(args.paths)
