@@ -249,16 +249,17 @@ def generate_parser() -> argparse.ArgumentParser:
 
 
 def _generate(argv: Sequence[str] | None) -> int:
-    import torch
-
-    from utils.generation import check_generation_inputs, generate_stats
-    from utils.token_view import Utf8StreamDecoder
-
     args = generate_parser().parse_args(argv)
     if not args.prompt.strip():
         raise CliError("the prompt is empty; pass some text with --prompt.")
     if args.thinking and not args.reasoning:
         raise CliError("--thinking only applies with --reasoning.")
+
+    import torch
+
+    from utils.generation import check_generation_inputs, generate_stats
+    from utils.token_view import Utf8StreamDecoder
+
     kind = "reasoning" if args.reasoning else "base"
     tok_kwargs = {}
     if args.reasoning:

@@ -1,0 +1,360 @@
+"""qwen3-generate and qwen3-chat: real-shape stand-in runs in subprocesses,
+REPL logic in-process on a tiny model, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _view_fixtures import (
+    load_tokenizer,
+    standin_env,
+    standin_files,
+    standin_root,
+    tiny_model,
+)
+
+from utils import cli
+from utils.token_view import GreedyStreamer, decode_bytes
+
+PROMPT = "Explain large language models."
+
+
+def run_cli(args, env, stdin=None, timeout=900):
+    return subprocess.run(
+        [sys.executable, "-m", "utils.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+
+
+def assert_one_line_error(proc, prog, fragment):
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith(prog)]
+    assert len(lines) == 1, proc.stderr
+    assert fragment in lines[0]
+    assert lines[0].startswith(f"{prog}: error:")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    return standin_env(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def reasoning_files(tmp_path_factory):
+    """The 0.6B reasoning stand-in, built once per session."""
+    return standin_files(tmp_path_factory, "reasoning", tokenizer_only=False)
+
+
+# --------------------------------------------------------------------------
+# Real-shape subprocess runs (0.6B stand-in)
+# --------------------------------------------------------------------------
+
+
+def test_generate_streams_max_new_tokens(env, reasoning_files, tmp_path_factory):
+    n = 5
+    proc = run_cli(
+        [
+            "generate",
+            "--prompt",
+            PROMPT,
+            "--reasoning",
+            "--max-new-tokens",
+            str(n),
+            "--device",
+            "cpu",
+            "--out-dir",
+            str(standin_root(tmp_path_factory)),
+            "--print-ids",
+        ],
+        env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "STAND-IN WEIGHTS" in proc.stderr
+    ids_line = re.search(r"^Token ids: (.*)$", proc.stdout, re.M)
+    ids = [int(x) for x in ids_line.group(1).split()]
+    assert len(ids) == n
+    tok = load_tokenizer(reasoning_files[0])
+    streamed = proc.stdout.split("\n\nTime:")[0]
+    assert streamed == decode_bytes(tok, ids)  # whole text, no U+FFFD
+    assert re.search(r"^\d+ tokens/sec$", proc.stdout, re.M)
+    assert re.search(r"^Peak process memory \(RSS\): [\d.]+ GB$", proc.stdout, re.M)
+
+
+def test_chat_two_turns_memory_history_clear(env, reasoning_files, tmp_path_factory):
+    stdin = "Hello there\nWhat did I just say?\n/history\n/clear\n/history\n/quit\n"
+    proc = run_cli(
+        [
+            "chat",
+            "--max-new-tokens",
+            "4",
+            "--device",
+            "cpu",
+            "--out-dir",
+            str(standin_root(tmp_path_factory)),
+        ],
+        env,
+        stdin=stdin,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout.count("Assistant: ") == 2
+    stats = re.findall(
+        r"\[prompt (\d+) tokens, answer (\d+) tokens, .* conversation (\d+)/40960",
+        proc.stderr,
+    )
+    assert len(stats) == 2
+    (p1, a1, c1), (p2, a2, c2) = [tuple(map(int, s)) for s in stats]
+    # The second prompt carries the first exchange: it is longer than the
+    # first turn's conversation plus the new question.
+    tok = load_tokenizer(reasoning_files[0])
+    question = len(tok.encode("What did I just say?"))
+    assert p2 >= c1 + question
+    assert c2 > c1
+    history = proc.stdout.split("[history:")
+    assert "user: Hello there" in history[0]
+    assert "user: What did I just say?" in history[0]
+    assert history[0].count("assistant: ") == 2
+    assert history[1].startswith(f" 4 messages, {c2} tokens]")
+    assert history[2].startswith(" 0 messages, 0 tokens]")
+    assert "[conversation cleared]" in proc.stderr
+
+
+# --------------------------------------------------------------------------
+# Bad input: one line on stderr, non-zero exit, no traceback
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["generate", "--prompt", "hi", "--device", "tpu9"], "Unknown device"),
+        (["generate", "--prompt", "   "], "prompt is empty"),
+        (["generate", "--prompt", "hi", "--max-new-tokens", "0"], "positive"),
+        (["generate", "--prompt", "hi", "--max-new-tokens", "-2"], "positive"),
+        (["generate", "--prompt", "hi", "--max-new-tokens", "many"], "integer"),
+        (["generate"], "--prompt"),
+        (["chat", "--context-length", "0"], "positive"),
+        (["chat", "--max-new-tokens", "-1"], "positive"),
+        (["chat", "--device", "cuda:7"], "not available"),
+    ],
+)
+def test_bad_arguments_fail_with_one_line(env, args, fragment):
+    prog = f"qwen3-{args[0]}"
+    proc = run_cli(args, env, stdin="", timeout=300)
+    assert_one_line_error(proc, prog, fragment)
+
+
+@pytest.mark.parametrize("broken", ["model", "tokenizer"])
+def test_corrupt_files_fail_with_one_line(env, tmp_path, broken, tmp_path_factory):
+    tok, _ = standin_files(tmp_path_factory, "base", tokenizer_only=True)
+    model_file = tmp_path / "qwen3-0.6B-base.pth"
+    tok_file = tmp_path / "tokenizer-base.json"
+    if broken == "model":
+        model_file.write_bytes(b"not a checkpoint" * 100)
+        tok_file.write_bytes(tok.read_bytes())
+    else:
+        torch.save({"tok_emb.weight": torch.zeros(2, 2)}, model_file)
+        tok_file.write_text('{"truncated": ')
+    proc = run_cli(
+        [
+            "generate",
+            "--prompt",
+            "hi",
+            "--device",
+            "cpu",
+            "--model-file",
+            str(model_file),
+            "--tokenizer-file",
+            str(tok_file),
+        ],
+        env,
+        timeout=300,
+    )
+    assert_one_line_error(proc, "qwen3-generate", str(tmp_path))
+    assert "delete it" in proc.stderr
+
+
+def test_console_scripts_are_declared():
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {
+        "qwen3-generate": "utils.cli:generate_main",
+        "qwen3-chat": "utils.cli:chat_main",
+    }
+
+
+# --------------------------------------------------------------------------
+# In-process: the same commands on a tiny model
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(tokenizer, tiny model, tokenizer path)."""
+    tok_path, _ = standin_files(tmp_path_factory, "reasoning", tokenizer_only=True)
+    return load_tokenizer(tok_path), tiny_model(), tok_path
+
+
+@pytest.fixture
+def tiny_cli(monkeypatch, tiny):
+    """Make `cli.load` hand out the tiny model with the real tokenizer."""
+    tok, model, tok_path = tiny
+
+    def fake_load(args, kind, **tokenizer_kwargs):
+        cli._resolve_device(args.device)
+        cli._check_fast(args.fast, args.cache)
+        t = load_tokenizer(tok_path, **tokenizer_kwargs)
+        return cli.Loaded(t, model, torch.device("cpu"), GreedyStreamer(model), True)
+
+    monkeypatch.setattr(cli, "load", fake_load)
+    return tiny
+
+
+def chat_in_process(monkeypatch, capsys, stdin, *args):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    rc = cli.chat_main(["--device", "cpu", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_generate_in_process_matches_generator(tiny_cli, capsys):
+    tok, model, tok_path = tiny_cli
+    for flags in ([], ["--no-cache"], ["--reasoning"]):
+        rc = cli.generate_main(
+            ["--prompt", PROMPT, "--max-new-tokens", "7", "--print-ids", *flags]
+        )
+        out, err = capsys.readouterr()
+        assert rc == 0, err
+        ids = [int(x) for x in out.rsplit("Token ids: ", 1)[1].split()]
+        if "--reasoning" in flags:
+            prompt_ids = load_tokenizer(
+                tok_path, apply_chat_template=True, add_generation_prompt=True
+            ).encode(PROMPT)
+        else:
+            prompt_ids = tok.encode(PROMPT)
+        expected = list(
+            GreedyStreamer(model).stream(torch.tensor([prompt_ids]), 7, None)
+        )
+        assert ids == expected[: len(ids)] and len(ids) == 7
+        assert out.startswith(decode_bytes(tok, ids) + "\n\nTime:")
+
+
+def test_chat_prompt_holds_the_previous_exchange(tiny, tmp_path_factory):
+    tok, model, tok_path = tiny
+    session = cli.ChatSession(
+        tokenizer=tok,
+        streamer=GreedyStreamer(model),
+        device=torch.device("cpu"),
+        context_length=256,
+        max_new_tokens=6,
+    )
+    pieces: list[str] = []
+    session.reply("Hi", pieces.append)
+    first_answer = session.messages[-1][1]
+    expected_prompt = (
+        "<|im_start|>user\nHi<|im_end|>\n"
+        f"<|im_start|>assistant\n{first_answer}<|im_end|>\n"
+        "<|im_start|>user\nAnd?<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+    assert session.render("And?") == expected_prompt
+    # The first turn is what the book's tokenizer writes for one message
+    book = load_tokenizer(
+        tok_path, apply_chat_template=True, add_generation_prompt=True
+    )
+    session2 = cli.ChatSession(tok, session.streamer, torch.device("cpu"), 256, 6)
+    assert session2.encode(session2.render("Hi")) == book.encode("Hi")
+    session2.thinking = True
+    book.add_thinking = True
+    assert session2.encode(session2.render("Hi")) == book.encode("Hi")
+    session.clear()
+    assert session.messages == [] and session.history_tokens() == 0
+
+
+def test_chat_keeps_only_text_after_think(tiny):
+    tok, model, tok_path = tiny
+
+    class Scripted:
+        def stream(self, ids, n, eos, **kw):
+            yield from tok.encode("<think>\nplan\n</think>\n\nAnswer")
+
+    session = cli.ChatSession(tok, Scripted(), torch.device("cpu"), 256, 50)
+    session.thinking = True
+    session.reply("Q", lambda s: None)
+    assert session.messages == [("user", "Q"), ("assistant", "Answer")]
+
+
+def test_chat_context_length_is_enforced(tiny_cli, monkeypatch, capsys):
+    rc, out, err = chat_in_process(
+        monkeypatch,
+        capsys,
+        "hello\n" + "word " * 40 + "\n/history\n",
+        "--context-length",
+        "40",
+        "--max-new-tokens",
+        "50",
+    )
+    assert rc == 0 and "Traceback" not in err
+    assert "context length reached" in err  # first answer cut at 40 tokens
+    assert "over the context length of 40; type /clear" in err
+    # The message that did not fit is not in the history
+    assert "[history: 2 messages" in out
+    assert "word word" not in out.split("[history:")[0]
+
+
+def test_chat_ctrl_c_stops_the_answer_not_the_program(tiny, monkeypatch, capsys):
+    tok, model, tok_path = tiny
+    real = GreedyStreamer(model)
+
+    class Interrupting:
+        calls = 0
+
+        def stream(self, *args, **kwargs):
+            Interrupting.calls += 1
+            for i, token in enumerate(real.stream(*args, **kwargs)):
+                if Interrupting.calls == 1 and i == 2:
+                    raise KeyboardInterrupt
+                yield token
+
+    def fake_load(args, kind, **kw):
+        return cli.Loaded(tok, model, torch.device("cpu"), Interrupting(), True)
+
+    monkeypatch.setattr(cli, "load", fake_load)
+    rc, out, err = chat_in_process(
+        monkeypatch, capsys, "one\ntwo\n/history\n", "--max-new-tokens", "5"
+    )
+    assert rc == 0
+    assert "answer 2 tokens" in err and "stopped" in err
+    assert "answer 5 tokens" in err  # the next answer runs normally
+    assert "[history: 4 messages" in out
+
+
+def test_chat_commands(tiny_cli, monkeypatch, capsys):
+    rc, out, err = chat_in_process(
+        monkeypatch,
+        capsys,
+        "/think\n/bogus\n\n/no_think\n/help\n/history\n",
+        "--max-new-tokens",
+        "2",
+    )
+    assert rc == 0
+    assert "[thinking on]" in err and "[thinking off]" in err
+    assert "unknown command /bogus" in err
+    assert "[history: 0 messages, 0 tokens]" in out
+    rc, out, err = chat_in_process(monkeypatch, capsys, "", "--fast", "--no-cache")
+    assert rc == 2 and err.strip().count("\n") == 0 and "--fast" in err
