@@ -1,0 +1,143 @@
+"""`torch.compile` with a safety net for notebooks.
+
+`torch.compile` is lazy: it returns at once and only builds kernels on the
+first call, which is where a missing C++ compiler, missing Python headers or
+an unsupported backend shows up. `try_compile` therefore runs a warm-up call
+and, if compiling fails, explains why and hands back the eager model so the
+notebook can carry on.
+"""
+
+from __future__ import annotations
+
+import platform
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# (substrings of the error text, case-sensitive; advice); first match wins
+_HINTS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (
+        ("Python.h",),
+        "The Python development headers are missing. On Debian/Ubuntu run "
+        "`sudo apt install python3-dev build-essential` (use the python3.X-dev "
+        "package that matches your Python), on Fedora `sudo dnf install "
+        "python3-devel gcc-c++`; then restart the kernel.",
+    ),
+    (
+        ("InvalidCxxCompiler", "C++ compiler", "No such file or directory: 'g++'"),
+        "No working C++ compiler was found. Linux: `sudo apt install "
+        "build-essential`; macOS: `xcode-select --install`; Windows: install "
+        "the Visual Studio Build Tools ('Desktop development with C++') and "
+        "start Jupyter from the 'x64 Native Tools Command Prompt'.",
+    ),
+    (
+        ("cl is not found", "cl.exe"),
+        "torch.compile on Windows needs the MSVC compiler `cl.exe`: install "
+        "the Visual Studio Build Tools ('Desktop development with C++') and "
+        "start Jupyter from the 'x64 Native Tools Command Prompt'.",
+    ),
+    (
+        ("triton", "Triton"),
+        "The GPU backend needs Triton: `pip install triton` on Linux, "
+        "`pip install triton-windows` on Windows. GPUs older than compute "
+        "capability 7.0 are not supported by Triton; eager mode still works.",
+    ),
+    (
+        ("MPS", "'mps'", "mps:"),
+        "torch.compile support for Apple's MPS backend is still experimental. "
+        "Update PyTorch, or compile on the CPU, or stay in eager mode.",
+    ),
+    (
+        ("CppCompileError", "C++ compile error"),
+        "The generated C++ code did not compile. Check that a recent C++ "
+        "compiler (gcc/clang/MSVC) and the Python headers are installed.",
+    ),
+)
+
+_GENERIC_HINT = (
+    "Check that a C++ compiler and the Python development headers are "
+    "installed (see ch02/02_setup-tips/troubleshooting.md). Eager mode gives "
+    "the same results, only slower."
+)
+
+
+@dataclass
+class CompileResult:
+    """What `try_compile` produced: the model to use and whether it compiled."""
+
+    model: torch.nn.Module
+    compiled: bool
+    error: str | None = None
+    hint: str | None = None
+
+    def __iter__(self):
+        # Allows `model, compiled = try_compile(...)`
+        return iter((self.model, self.compiled))
+
+
+def compile_hint(error: BaseException) -> str:
+    """Advice on how to fix a compilation error, based on its text."""
+    text = "".join(traceback.format_exception_only(type(error), error))
+    cause = error.__cause__
+    while cause is not None:
+        text += "".join(traceback.format_exception_only(type(cause), cause))
+        cause = cause.__cause__
+    for needles, hint in _HINTS:
+        if any(needle in text for needle in needles):
+            return hint
+    return _GENERIC_HINT
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return error
+
+
+def _short(error: BaseException, limit: int = 300) -> str:
+    """One line for the reader: the root cause and its most telling line
+    (a compiler's `error:` line when there is one)."""
+    root = _root_cause(error)
+    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+    telling = [line for line in lines if "error:" in line.lower()]
+    line = (telling or lines or [""])[0]
+    msg = f"{type(root).__name__}: {line}"
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+def try_compile(
+    model: torch.nn.Module,
+    warmup: Callable[[torch.nn.Module], Any],
+    quiet: bool = False,
+    **compile_kwargs: Any,
+) -> CompileResult:
+    """Compile `model` and run `warmup(compiled_model)` to build the kernels.
+
+    If compiling fails, print the reason and a fix (unless `quiet`) and return
+    the eager `model` instead. If `warmup` also fails in eager mode, the error
+    has nothing to do with compiling and is raised.
+    `compile_kwargs` go to `torch.compile` (e.g. `backend`, `mode`).
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model)!r}")
+    if not callable(warmup):
+        raise ValueError(
+            "warmup must be a function that runs the model once, e.g. "
+            "lambda m: m(token_ids)"
+        )
+    try:
+        compiled = torch.compile(model, **compile_kwargs)
+        warmup(compiled)
+    except Exception as exc:  # noqa: BLE001 - any compiler failure falls back
+        error, hint = _short(exc), compile_hint(exc)
+        torch._dynamo.reset()  # drop half-built graphs and guards
+        warmup(model)  # raises if the problem is not the compiler
+        if not quiet:
+            print(f"torch.compile failed on {platform.system()}: {error}")
+            print(f"How to fix: {hint}")
+            print("Continuing with the uncompiled (eager) model.")
+        return CompileResult(model=model, compiled=False, error=error, hint=hint)
+    return CompileResult(model=compiled, compiled=True)
