@@ -137,24 +137,36 @@ def test_chat_two_turns_memory_history_clear(env, reasoning_files, tmp_path_fact
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("args", "fragment"),
-    [
-        (["generate", "--prompt", "hi", "--device", "tpu9"], "Unknown device"),
-        (["generate", "--prompt", "   "], "prompt is empty"),
-        (["generate", "--prompt", "hi", "--max-new-tokens", "0"], "positive"),
-        (["generate", "--prompt", "hi", "--max-new-tokens", "-2"], "positive"),
-        (["generate", "--prompt", "hi", "--max-new-tokens", "many"], "integer"),
-        (["generate"], "--prompt"),
-        (["chat", "--context-length", "0"], "positive"),
-        (["chat", "--max-new-tokens", "-1"], "positive"),
-        (["chat", "--device", "cuda:7"], "not available"),
-    ],
-)
-def test_bad_arguments_fail_with_one_line(env, args, fragment):
+BAD_ARGS = [
+    (["generate", "--prompt", "hi", "--device", "tpu9"], "Unknown device"),
+    (["generate", "--prompt", "   "], "prompt is empty"),
+    (["generate", "--prompt", "hi", "--max-new-tokens", "0"], "positive"),
+    (["generate", "--prompt", "hi", "--max-new-tokens", "-2"], "positive"),
+    (["generate", "--prompt", "hi", "--max-new-tokens", "many"], "integer"),
+    (["generate"], "--prompt"),
+    (["generate", "--prompt", "hi", "--thinking"], "--reasoning"),
+    (["chat", "--context-length", "0"], "positive"),
+    (["chat", "--max-new-tokens", "-1"], "positive"),
+    (["chat", "--device", "cuda:7"], "not available"),
+]
+
+
+@pytest.mark.parametrize(("args", "fragment"), BAD_ARGS)
+def test_bad_arguments_fail_with_one_line(args, fragment, capsys):
     prog = f"qwen3-{args[0]}"
-    proc = run_cli(args, env, stdin="", timeout=300)
+    main = cli.generate_main if args[0] == "generate" else cli.chat_main
+    try:
+        rc = main(args[1:])
+    except SystemExit as exc:  # argparse usage errors exit directly
+        rc = exc.code
+    proc = subprocess.CompletedProcess(args, rc, *capsys.readouterr())
     assert_one_line_error(proc, prog, fragment)
+
+
+@pytest.mark.parametrize(("args", "fragment"), [BAD_ARGS[0], BAD_ARGS[2]])
+def test_bad_arguments_in_a_real_process(env, args, fragment):
+    proc = run_cli(args, env, stdin="", timeout=300)
+    assert_one_line_error(proc, f"qwen3-{args[0]}", fragment)
 
 
 @pytest.mark.parametrize("broken", ["model", "tokenizer"])
