@@ -1,0 +1,502 @@
+"""A faster decode path for the book's Qwen3 model (beyond Chapter 2).
+
+Same weights, same state-dict keys and the same numerics as the book's
+`Qwen3Model` (RMSNorm in float32, split-halves RoPE with float32 cos/sin,
+qk-norm, grouped-query attention), arranged the way fast inference code is:
+
+* a static KV cache, preallocated for prompt + new tokens and written in place,
+  so every decode step has the same tensor shapes;
+* the position is a tensor and the causal mask is a comparison against a
+  precomputed `arange`, so nothing is rebuilt or concatenated per token;
+* `prefill` runs the prompt once (eager); `decode_one_token` is the only
+  function that gets compiled (CUDA graphs on CUDA, inductor on CPU);
+* `generate` streams `(batch, 1)` tokens exactly like the book's
+  `generate_text_basic_stream_cache`, stopping at EOS without yielding it.
+
+Optional `quantize_int8` swaps the linear layers for weight-only int8 ones
+(per-output-channel scales). That is an approximation: logits change a little.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from reasoning_from_scratch.qwen3 import compute_rope_params
+
+from utils.generation import check_generation_inputs
+
+__all__ = [
+    "FastQwen3",
+    "Int8Linear",
+    "prefill",
+    "decode_one_token",
+    "generate",
+    "quantize_int8",
+    "cache_length_for",
+]
+
+# Cache lengths are rounded up to this multiple, so nearby prompt lengths
+# reuse one compiled decode step instead of recompiling for every length.
+CACHE_ROUND = 64
+
+# Inductor settings used for the CPU decode step. `freezing` turns the weights
+# into constants so inductor can pre-pack them for the CPU matmul kernels.
+CPU_COMPILE_OPTIONS: dict[str, Any] = {"freezing": True}
+
+
+def cache_length_for(num_tokens: int, context_length: int) -> int:
+    """The KV-cache length used for `num_tokens` positions: rounded up to a
+    multiple of CACHE_ROUND, never beyond the model's context length."""
+    rounded = -(-num_tokens // CACHE_ROUND) * CACHE_ROUND
+    return max(num_tokens, min(rounded, context_length))
+
+
+# ---------------------------------------------------------------------------
+# Building blocks (parameter names match the book's modules)
+# ---------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """The book's qwen3-compatible RMSNorm: statistics and scaling in float32,
+    result cast back to the input dtype."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, dtype=None) -> None:
+        super().__init__()
+        self.eps = eps
+        self.scale = nn.Parameter(torch.ones(dim, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (x32 * self.scale).to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Split-halves RoPE. x: (b, heads, t, head_dim); cos/sin: (t, head_dim)
+    float32, already gathered at the token positions."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    # float32 products as in the book, then back to the model dtype
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU feed-forward with the book's names fc1 (gate), fc2 (up), fc3."""
+
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        super().__init__()
+        emb, hid, dt = cfg["emb_dim"], cfg["hidden_dim"], cfg["dtype"]
+        self.fc1 = nn.Linear(emb, hid, bias=False, dtype=dt)
+        self.fc2 = nn.Linear(emb, hid, bias=False, dtype=dt)
+        self.fc3 = nn.Linear(hid, emb, bias=False, dtype=dt)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(F.silu(self.fc1(x)) * self.fc2(x))
+
+
+class GroupedQueryAttention(nn.Module):
+    """GQA that reads and writes a static KV cache held as buffers."""
+
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.num_heads = cfg["n_heads"]
+        self.num_kv_groups = cfg["n_kv_groups"]
+        if self.num_heads % self.num_kv_groups:
+            raise ValueError("n_heads must be divisible by n_kv_groups")
+        self.head_dim = cfg["head_dim"] or cfg["emb_dim"] // cfg["n_heads"]
+        emb, dt = cfg["emb_dim"], cfg["dtype"]
+        d_out = self.num_heads * self.head_dim
+        d_kv = self.num_kv_groups * self.head_dim
+        self.W_query = nn.Linear(emb, d_out, bias=False, dtype=dt)
+        self.W_key = nn.Linear(emb, d_kv, bias=False, dtype=dt)
+        self.W_value = nn.Linear(emb, d_kv, bias=False, dtype=dt)
+        self.out_proj = nn.Linear(d_out, emb, bias=False, dtype=dt)
+        if cfg["qk_norm"]:
+            self.q_norm = RMSNorm(self.head_dim)
+            self.k_norm = RMSNorm(self.head_dim)
+        else:
+            self.q_norm = self.k_norm = None
+        # (b, kv_groups, cache_len, head_dim); allocated by FastQwen3.setup_cache
+        self.register_buffer("k_cache", None, persistent=False)
+        self.register_buffer("v_cache", None, persistent=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        input_pos: torch.Tensor,
+        kv_len: int | None = None,
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.W_query(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.W_key(x).view(b, t, self.num_kv_groups, self.head_dim).transpose(1, 2)
+        v = self.W_value(x).view(b, t, self.num_kv_groups, self.head_dim)
+        v = v.transpose(1, 2)  # (b, kv_groups, t, head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+        # Write the new keys/values into their slots (in place, fixed shapes)
+        self.k_cache.index_copy_(2, input_pos, k)
+        self.v_cache.index_copy_(2, input_pos, v)
+
+        # Grouped-query attention without copying keys/values: the query heads
+        # that share kv group g (heads g*r .. g*r+r-1, as repeat_interleave in
+        # the book) are stacked along the token axis.
+        # (b, heads, t, d) -> (b, kv_groups, r*t, d)
+        r = self.num_heads // self.num_kv_groups
+        q = q.reshape(b, self.num_kv_groups, r * t, self.head_dim)
+        # kv_len (eager only) limits attention to the filled slots; the
+        # compiled step always reads the whole static cache, masked
+        keys, values = self.k_cache[:, :, :kv_len], self.v_cache[:, :, :kv_len]
+        scores = q @ keys.transpose(2, 3)  # (b, kv_groups, r*t, kv_len)
+        # Same operations, order and dtype as the book, so bf16 rounds alike
+        scores = scores.masked_fill(mask, -torch.inf)
+        weights = torch.softmax(scores / self.head_dim**0.5, dim=-1)
+        ctx = weights @ values  # (b, kv_groups, r*t, d)
+        ctx = ctx.view(b, self.num_heads, t, self.head_dim).transpose(1, 2)
+        return self.out_proj(ctx.reshape(b, t, self.num_heads * self.head_dim))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.att = GroupedQueryAttention(cfg)
+        self.ff = FeedForward(cfg)
+        self.norm1 = RMSNorm(cfg["emb_dim"])
+        self.norm2 = RMSNorm(cfg["emb_dim"])
+
+    def forward(self, x, cos, sin, mask, input_pos, kv_len=None):
+        x = x + self.att(self.norm1(x), cos, sin, mask, input_pos, kv_len)
+        return x + self.ff(self.norm2(x))
+
+
+# ---------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------
+
+
+class FastQwen3(nn.Module):
+    """Qwen3 with a static KV cache; loads the book's `Qwen3Model` state dict
+    (same keys) and computes the same function."""
+
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.cfg = dict(cfg)
+        self.tok_emb = nn.Embedding(
+            cfg["vocab_size"], cfg["emb_dim"], dtype=cfg["dtype"]
+        )
+        self.trf_blocks = nn.ModuleList(
+            [TransformerBlock(cfg) for _ in range(cfg["n_layers"])]
+        )
+        self.final_norm = RMSNorm(cfg["emb_dim"])
+        self.out_head = nn.Linear(
+            cfg["emb_dim"], cfg["vocab_size"], bias=False, dtype=cfg["dtype"]
+        )
+        self.head_dim = cfg["head_dim"] or cfg["emb_dim"] // cfg["n_heads"]
+        self.register_buffer("cos", None, persistent=False)
+        self.register_buffer("sin", None, persistent=False)
+        self.register_buffer("positions", None, persistent=False)
+        self._decode_step: Callable | None = None  # set by compile_decode
+
+    # -- construction --------------------------------------------------------
+
+    @classmethod
+    def from_state_dict(
+        cls, cfg: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor]
+    ) -> FastQwen3:
+        """Build without random init and adopt the tensors of a book state dict
+        (no copy; e.g. `torch.load(path, weights_only=True)`)."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        sd = dict(state_dict)
+        tied = "out_head.weight" not in sd and "tok_emb.weight" in sd
+        if tied:
+            sd["out_head.weight"] = sd["tok_emb.weight"]
+        model.load_state_dict(sd, strict=True, assign=True)
+        if tied:  # one shared Parameter, as in the tied Qwen3 checkpoints
+            model.out_head.weight = model.tok_emb.weight
+        return model.eval()
+
+    @classmethod
+    def from_book_model(cls, model: nn.Module) -> FastQwen3:
+        """Wrap a book `Qwen3Model`: parameters are shared, not copied, so both
+        models see the same weights (and tying is kept)."""
+        if not hasattr(model, "cfg") or not hasattr(model, "trf_blocks"):
+            raise TypeError(
+                "from_book_model expects the book's Qwen3Model (with .cfg); "
+                f"got {type(model).__name__}"
+            )
+        fast = cls.from_state_dict(model.cfg, model.state_dict(keep_vars=True))
+        if model.out_head.weight is model.tok_emb.weight:
+            fast.out_head.weight = fast.tok_emb.weight
+        return fast
+
+    # -- cache -----------------------------------------------------------------
+
+    @property
+    def cache_shape(self) -> tuple[int, ...] | None:
+        """(batch, kv_groups, cache_len, head_dim) of the current cache."""
+        kc = self.trf_blocks[0].att.k_cache
+        return None if kc is None else tuple(kc.shape)
+
+    def setup_cache(
+        self, batch_size: int, num_tokens: int, device: torch.device | str | None = None
+    ) -> int:
+        """Make sure a KV cache for `num_tokens` positions exists (rounded up,
+        see `cache_length_for`); reuses the current one when it has that shape.
+        Returns the cache length."""
+        device = (
+            torch.device(device) if device is not None else self.tok_emb.weight.device
+        )
+        length = cache_length_for(num_tokens, self.cfg["context_length"])
+        dtype = self.tok_emb.weight.dtype
+        n_kv = self.cfg["n_kv_groups"]
+        shape = (batch_size, n_kv, length, self.head_dim)
+        kc = self.trf_blocks[0].att.k_cache
+        if kc is not None and tuple(kc.shape) == shape and kc.device == device:
+            if kc.dtype == dtype:
+                return length
+        for block in self.trf_blocks:
+            block.att.k_cache = torch.zeros(shape, dtype=dtype, device=device)
+            block.att.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+        # Same float32 cos/sin values as the book's buffers, only fewer rows
+        cos, sin = compute_rope_params(
+            self.head_dim, theta_base=self.cfg["rope_base"], context_length=length
+        )
+        self.cos, self.sin = cos.to(device), sin.to(device)
+        self.positions = torch.arange(length, device=device)
+        return length
+
+    # -- forward -------------------------------------------------------------
+
+    def forward(
+        self, idx: torch.Tensor, input_pos: torch.Tensor, kv_len: int | None = None
+    ) -> torch.Tensor:
+        """Logits for tokens `idx` (b, t) placed at positions `input_pos` (t,);
+        their keys/values are written into the cache first.
+
+        `kv_len` (a Python int, the number of filled cache slots) lets eager
+        code attend over exactly those slots, which rounds exactly like the
+        book in bf16; None (compiled step) keeps every shape static.
+        """
+        if self.positions is None:
+            raise RuntimeError("Call setup_cache(batch_size, num_tokens) first.")
+        x = self.tok_emb(idx)  # (b, t, emb_dim)
+        cos, sin = self.cos[input_pos], self.sin[input_pos]  # (t, head_dim)
+        # True where query i must NOT see key j (j > its position), repeated
+        # for the r query heads stacked per kv group: (r*t, cache_len)
+        r = self.cfg["n_heads"] // self.cfg["n_kv_groups"]
+        positions = self.positions[:kv_len]
+        mask = (positions[None, :] > input_pos[:, None]).repeat(r, 1)
+        for block in self.trf_blocks:
+            x = block(x, cos, sin, mask, input_pos, kv_len)
+        x = self.final_norm(x)
+        return self.out_head(x)  # (b, t, vocab_size)
+
+    # -- compilation -----------------------------------------------------------
+
+    def compile_decode(
+        self,
+        mode: str | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> FastQwen3:
+        """Compile only the decode step (used by `generate`). CUDA defaults to
+        mode="reduce-overhead" (CUDA graphs); CPU to CPU_COMPILE_OPTIONS.
+        If compilation fails at first use, generation falls back to eager."""
+        device = self.tok_emb.weight.device
+        if mode is None and options is None:
+            if device.type == "cuda":
+                mode = "reduce-overhead"
+            elif device.type == "cpu":
+                options = dict(CPU_COMPILE_OPTIONS)
+        kwargs: dict[str, Any] = {"fullgraph": True, "dynamic": False}
+        if mode is not None:
+            kwargs["mode"] = mode
+        if options:
+            kwargs["options"] = dict(options)
+        self._decode_step = _FallbackCompiled(
+            torch.compile(_decode_one_token_impl, **kwargs)
+        )
+        return self
+
+    def decode_compiled(self) -> bool:
+        """Whether `generate` will use a compiled decode step."""
+        return self._decode_step is not None and not self._decode_step.failed
+
+
+class _FallbackCompiled:
+    """Calls the compiled step; if compiling fails (e.g. no C++ compiler),
+    prints one line and uses the eager step from then on."""
+
+    def __init__(self, compiled: Callable) -> None:
+        self.compiled = compiled
+        self.failed = False
+
+    def __call__(self, model, cur_token, input_pos):
+        if not self.failed:
+            try:
+                return self.compiled(model, cur_token, input_pos)
+            except Exception as exc:  # noqa: BLE001 - any compiler failure
+                self.failed = True
+                msg = str(exc).strip().splitlines()
+                reason = msg[0][:160] if msg else type(exc).__name__
+                print(
+                    f"fast_decode: torch.compile failed ({type(exc).__name__}: "
+                    f"{reason}); using the eager decode step."
+                )
+        return _decode_one_token_impl(model, cur_token, input_pos)
+
+
+# ---------------------------------------------------------------------------
+# Prefill / decode / generate
+# ---------------------------------------------------------------------------
+
+
+def _decode_one_token_impl(model, cur_token, input_pos, kv_len=None):
+    logits = model(cur_token, input_pos, kv_len)[:, -1]  # (b, vocab_size)
+    return torch.argmax(logits, dim=-1, keepdim=True), logits
+
+
+@torch.inference_mode()
+def prefill(
+    model: FastQwen3, token_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the prompt (b, t) from position 0, filling the cache; returns the
+    greedy next token (b, 1) and the last position's logits (b, vocab)."""
+    num_tokens = token_ids.shape[1]
+    input_pos = torch.arange(num_tokens, device=token_ids.device)
+    logits = model(token_ids, input_pos, num_tokens)[:, -1]
+    return torch.argmax(logits, dim=-1, keepdim=True), logits
+
+
+@torch.inference_mode()
+def decode_one_token(
+    model: FastQwen3,
+    cur_token: torch.Tensor,
+    input_pos: torch.Tensor,
+    kv_len: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step: token (b, 1) at position `input_pos` (shape (1,)) ->
+    (next token (b, 1), logits (b, vocab)). Uses the compiled step if there
+    is one; otherwise eager, over `kv_len` cache slots when given."""
+    if model._decode_step is not None:
+        next_token, logits = model._decode_step(model, cur_token, input_pos)
+    else:
+        next_token, logits = _decode_one_token_impl(model, cur_token, input_pos, kv_len)
+    # CUDA graphs reuse their output memory on the next replay: keep copies
+    return next_token.clone(), logits.clone()
+
+
+def _check_fast_model(model: Any) -> None:
+    if not isinstance(model, FastQwen3):
+        raise TypeError(
+            "generate() needs a FastQwen3; wrap the book's model with "
+            "FastQwen3.from_book_model(model)"
+        )
+
+
+def generate(
+    model: FastQwen3,
+    token_ids: torch.Tensor,
+    max_new_tokens: int,
+    eos_token_id: int | None = None,
+) -> Iterator[torch.Tensor]:
+    """Yield greedy tokens (shape (batch, 1)) like the book's
+    `generate_text_basic_stream_cache`: stop when every sequence produced
+    `eos_token_id`, never yielding it or anything after it."""
+    _check_fast_model(model)
+    check_generation_inputs(model, token_ids, max_new_tokens)
+    return _generate(model, token_ids, max_new_tokens, eos_token_id)
+
+
+@torch.inference_mode()
+def _generate(model, token_ids, max_new_tokens, eos_token_id):
+    if max_new_tokens == 0:
+        return
+    model.eval()
+    batch, prompt_len = token_ids.shape
+    device = token_ids.device
+    model.setup_cache(batch, prompt_len + max_new_tokens, device)
+    compiled = model._decode_step
+
+    def step(token, input_pos, kv_len):
+        if compiled is not None:  # static shapes: whole cache, masked
+            return compiled(model, token, input_pos)[0].clone()
+        return _decode_one_token_impl(model, token, input_pos, kv_len)[0]
+
+    # On asynchronous devices, queue step i+1 before looking at token i: the
+    # EOS check then waits for a token that is already done while the device
+    # keeps working. On CPU nothing runs ahead, so compute only on demand.
+    look_ahead = device.type != "cpu"
+
+    token, _ = prefill(model, token_ids)
+    input_pos = torch.tensor([prompt_len], device=device)
+    for i in range(max_new_tokens):
+        more = i + 1 < max_new_tokens
+        if more and look_ahead:
+            upcoming = step(token, input_pos, prompt_len + i + 1)
+        if eos_token_id is not None and bool(torch.all(token == eos_token_id)):
+            break
+        yield token
+        if more and not look_ahead:
+            upcoming = step(token, input_pos, prompt_len + i + 1)
+        if more:
+            token = upcoming
+            input_pos = input_pos + 1
+
+
+# ---------------------------------------------------------------------------
+# Weight-only int8 (approximate)
+# ---------------------------------------------------------------------------
+
+
+class Int8Linear(nn.Module):
+    """Weight-only int8 linear layer (APPROXIMATE): int8 weights with one
+    scale per output channel; activations stay in the model dtype."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        w = linear.weight.detach()
+        self.in_features, self.out_features = w.shape[1], w.shape[0]
+        w32 = w.to(torch.float32)
+        scales = w32.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        q = torch.round(w32 / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        self.register_buffer("weight_int8", q)  # (out, in)
+        self.register_buffer("scales", scales.to(w.dtype))  # (out,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if x.device.type == "cpu":
+            # Fused int8-weight matmul kernel (dequantises on the fly)
+            out = torch._weight_int8pack_mm(
+                x2, self.weight_int8, self.scales.to(x.dtype)
+            )
+        else:
+            out = F.linear(x2, self.weight_int8.to(x.dtype)) * self.scales.to(x.dtype)
+        return out.view(*lead, self.out_features)
+
+
+def quantize_int8(model: FastQwen3, include_head: bool = True) -> FastQwen3:
+    """Replace the linear layers of `model` with `Int8Linear` (in place on the
+    module tree; the original weight tensors, e.g. a book model's, are left
+    untouched). Approximate: logits change slightly, greedy tokens mostly not."""
+    _check_fast_model(model)
+    with torch.no_grad():
+        for block in model.trf_blocks:
+            att, ff = block.att, block.ff
+            for name in ("W_query", "W_key", "W_value", "out_proj"):
+                setattr(att, name, Int8Linear(getattr(att, name)))
+            for name in ("fc1", "fc2", "fc3"):
+                setattr(ff, name, Int8Linear(getattr(ff, name)))
+        if include_head:
+            model.out_head = Int8Linear(model.out_head)
+    model._decode_step = None  # any compiled step saw the old layers
+    return model
