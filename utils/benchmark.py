@@ -1,0 +1,630 @@
+"""Table 2.1 in one call: tokens/sec of every generation mode, side by side.
+
+Run `uv run python -m utils.benchmark --help`, or from a notebook:
+
+    rows = run_benchmark(modes=["kv_cache", "fast_compiled"], max_new_tokens=50)
+    print(format_table(rows))
+
+Modes (all greedy, same prompt, same number of new tokens, EOS ignored):
+
+* `regular`, `regular_compiled`, `kv_cache`, `kv_cache_compiled`: the book's
+  model and generators (`generate_text_basic_stream[_cache]`), eager or
+  `torch.compile`d, as in Chapter 2;
+* `fast`, `fast_compiled`: `utils.fast_decode` (static KV cache, only the
+  decode step compiled) on the same weights;
+* `fast_int8`: `fast` with weight-only int8 linear layers (approximate; CPU);
+* `hf_static`: Hugging Face `Qwen3ForCausalLM.generate` with a static cache.
+
+Each mode runs once as warm-up (reported as `warmup_s`, which includes any
+compiling), then `repeats` timed runs whose medians are reported. Decode speed
+counts the tokens after the first one over the time after the first one, so
+it does not mix in the prompt (that is `ttft_s`, time to first token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ALL_MODES = (
+    "regular",
+    "regular_compiled",
+    "kv_cache",
+    "kv_cache_compiled",
+    "fast",
+    "fast_compiled",
+    "fast_int8",
+    "hf_static",
+)
+BASELINE_MODE = "kv_cache"
+DEFAULT_PROMPT = "Explain large language models in a single sentence."
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+ROW_FIELDS = (
+    "mode",
+    "device",
+    "dtype",
+    "prompt_tokens",
+    "new_tokens",
+    "tokens_per_sec",
+    "e2e_tokens_per_sec",
+    "ttft_s",
+    "warmup_s",
+    "peak_mem_bytes",
+    "memory_kind",
+    "ratio_vs_kv_cache",
+    "compiled",
+    "note",
+)
+MODE_NOTES = {
+    "regular": "book, no cache",
+    "regular_compiled": "book, no cache, torch.compile",
+    "kv_cache": "book KVCache",
+    "kv_cache_compiled": "book KVCache, torch.compile",
+    "fast": "static cache, eager",
+    "fast_compiled": "static cache, compiled decode step",
+    "fast_int8": "static cache, int8 weights (approximate)",
+    "hf_static": "transformers generate, static cache",
+}
+
+
+def default_modes(device: torch.device) -> list[str]:
+    """All modes; int8 only on CPU, where its fused kernel exists."""
+    return [m for m in ALL_MODES if m != "fast_int8" or device.type == "cpu"]
+
+
+# ---------------------------------------------------------------------------
+# Memory sampling
+# ---------------------------------------------------------------------------
+
+
+class _PeakMemory:
+    """Peak memory while a mode runs: device memory on CUDA/XPU/MPS, and on
+    CPU the largest resident size sampled every few milliseconds (the
+    process-wide peak would only ever grow from mode to mode)."""
+
+    def __init__(self, device: torch.device, interval_s: float = 0.02) -> None:
+        self.device = device
+        self.interval_s = interval_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        import psutil
+
+        proc = psutil.Process()
+        while not self._stop.is_set():
+            self.peak = max(self.peak, proc.memory_info().rss)
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> _PeakMemory:
+        from utils.generation import reset_peak_memory
+
+        reset_peak_memory(self.device)
+        if self.device.type == "cpu":
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        from utils.generation import peak_memory_bytes
+
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self.kind = "Peak process memory (RSS) during the mode"
+        else:
+            self.peak, self.kind = peak_memory_bytes(self.device)
+
+
+# ---------------------------------------------------------------------------
+# Runners: each mode becomes "a function that streams new tokens"
+# ---------------------------------------------------------------------------
+
+
+def _sync(device: torch.device) -> None:
+    backend = getattr(torch, device.type, None)
+    if device.type != "cpu" and backend is not None and hasattr(backend, "synchronize"):
+        backend.synchronize()
+
+
+def _time_stream(
+    stream: Callable[[], Iterable[Any]], device: torch.device
+) -> dict[str, float]:
+    """Time one generation: time to first token, total, number of tokens."""
+    _sync(device)
+    start = time.perf_counter()
+    first = None
+    n = 0
+    for tok in stream():
+        if first is None:
+            if hasattr(tok, "device"):
+                _sync(device)
+            first = time.perf_counter()
+        n += 1
+    _sync(device)
+    end = time.perf_counter()
+    first = end if first is None else first
+    return {"ttft_s": first - start, "total_s": end - start, "tokens": n}
+
+
+def _book_stream(model, generator, token_ids, n):
+    return lambda: generator(model, token_ids, n)
+
+
+def _hf_static_runner(book_model, token_ids, n):
+    """Qwen3ForCausalLM holding the book model's weights, greedy generate with
+    a static cache; tokens come out through a streamer as they are made."""
+    import transformers
+
+    from utils.hf_interop import book_to_hf_state_dict, hf_config_from_book
+
+    dtype = book_model.tok_emb.weight.dtype
+    device = book_model.tok_emb.weight.device
+    config = transformers.Qwen3Config(
+        **hf_config_from_book(book_model.cfg, tie_word_embeddings=False, dtype=dtype)
+    )
+    with torch.device(device):
+        hf = transformers.Qwen3ForCausalLM(config).to(dtype)
+    sd = book_to_hf_state_dict(book_model.state_dict())
+    hf.load_state_dict(sd, strict=True)
+    hf.eval()
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+
+    def stream() -> list[float]:
+        """Run generate once; the time at which each new token appeared."""
+        stamps: list[float] = []
+
+        class Streamer:  # transformers calls put() with the prompt, then tokens
+            prompt_seen = False
+
+            def put(self, value):
+                if self.prompt_seen:
+                    stamps.append(time.perf_counter())
+                self.prompt_seen = True
+
+            def end(self):
+                pass
+
+        with torch.inference_mode():
+            hf.generate(
+                token_ids,
+                attention_mask=torch.ones_like(token_ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                cache_implementation="static",
+                streamer=Streamer(),
+            )
+        return stamps
+
+    return stream, hf
+
+
+def _hf_time_stream(stream, device) -> dict[str, float]:
+    _sync(device)
+    start = time.perf_counter()
+    stamps = list(stream())
+    _sync(device)
+    end = time.perf_counter()
+    first = stamps[0] if stamps else end
+    return {"ttft_s": first - start, "total_s": end - start, "tokens": len(stamps)}
+
+
+@contextlib.contextmanager
+def _cold_compile_caches(enabled: bool) -> Iterator[None]:
+    """Compile from scratch (no on-disk inductor caches), so warm-up times are
+    what a first run on a fresh machine costs."""
+    if not enabled:
+        yield
+        return
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(force_disable_caches=True):
+        yield
+
+
+# ---------------------------------------------------------------------------
+# The benchmark
+# ---------------------------------------------------------------------------
+
+
+def load_book_model(
+    device: torch.device,
+    dtype: torch.dtype,
+    model_path: str | os.PathLike | None = None,
+    out_dir: str | os.PathLike = "qwen3",
+    cfg: Mapping[str, Any] | None = None,
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+) -> tuple[torch.nn.Module, Path | None, bool]:
+    """The book's Qwen3Model in `dtype` on `device`, plus the tokenizer path
+    (None when a state dict was given) and whether stand-ins are in use."""
+    from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model
+
+    from utils.standin import is_standin, print_standin_banner
+
+    tokenizer_path = None
+    standin = False
+    if state_dict is None:
+        if model_path is None:
+            from utils.download import download_qwen3_small
+
+            files = download_qwen3_small("base", out_dir=out_dir)
+            model_path, tokenizer_path = files.model, files.tokenizer
+            standin = files.standin
+        else:
+            model_path = Path(model_path)
+            if not model_path.is_file():
+                raise FileNotFoundError(
+                    f"--model-path {model_path} does not exist; pass the book's "
+                    f"qwen3-0.6B-*.pth file or leave it out to download."
+                )
+            standin = is_standin(model_path)
+            guess = model_path.with_name("tokenizer-base.json")
+            tokenizer_path = guess if guess.is_file() else None
+        state_dict = torch.load(model_path, map_location="cpu", weights_only=True)
+    cfg = {**(cfg or QWEN_CONFIG_06_B), "dtype": dtype}
+    if standin:
+        print_standin_banner()
+    with torch.device("meta"):
+        model = Qwen3Model(cfg)
+    sd = {k: v.to(device=device, dtype=dtype) for k, v in state_dict.items()}
+    if "out_head.weight" not in sd:
+        sd["out_head.weight"] = sd["tok_emb.weight"]
+    model.load_state_dict(sd, assign=True)
+    # Non-persistent RoPE buffers were created on the meta device: rebuild
+    from reasoning_from_scratch.qwen3 import compute_rope_params
+
+    head_dim = cfg["head_dim"] or cfg["emb_dim"] // cfg["n_heads"]
+    cos, sin = compute_rope_params(
+        head_dim, theta_base=cfg["rope_base"], context_length=cfg["context_length"]
+    )
+    model.cos, model.sin = cos.to(device), sin.to(device)
+    return model.eval(), tokenizer_path, standin
+
+
+def prompt_token_ids(
+    tokenizer_path: Path | None, prompt: str, device: torch.device
+) -> torch.Tensor:
+    """Encode `prompt` with the book's tokenizer: shape (1, num_tokens)."""
+    from reasoning_from_scratch.qwen3 import Qwen3Tokenizer
+
+    if tokenizer_path is None:
+        raise ValueError(
+            "No tokenizer file next to the weights; pass token_ids= or put "
+            "tokenizer-base.json beside the .pth file."
+        )
+    tok = Qwen3Tokenizer(tokenizer_path)
+    return torch.tensor(tok.encode(prompt), device=device).unsqueeze(0)
+
+
+def _prepare(mode, book, token_ids, n):
+    """(stream factory, timing function for it, whether it is compiled)."""
+    from utils import fast_decode
+    from utils.generation import (
+        generate_text_basic_stream,
+        generate_text_basic_stream_cache,
+    )
+
+    if mode in ("regular", "regular_compiled", "kv_cache", "kv_cache_compiled"):
+        model = torch.compile(book) if mode.endswith("_compiled") else book
+        gen = generate_text_basic_stream_cache
+        if mode.startswith("regular"):
+            gen = generate_text_basic_stream
+        return _book_stream(model, gen, token_ids, n), _time_stream, "compiled" in mode
+    if mode in ("fast", "fast_compiled", "fast_int8"):
+        fast = fast_decode.FastQwen3.from_book_model(book)
+        if mode == "fast_int8":
+            fast = fast_decode.quantize_int8(fast)
+        if mode == "fast_compiled":
+            fast.compile_decode()
+        stream = lambda: fast_decode.generate(fast, token_ids, n)  # noqa: E731
+        return stream, _time_stream, mode == "fast_compiled"
+    if mode == "hf_static":
+        stream, _hf = _hf_static_runner(book, token_ids, n)
+        return stream, _hf_time_stream, False
+    raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(ALL_MODES)}")
+
+
+def _check_modes(modes: Sequence[str]) -> list[str]:
+    modes = list(modes)
+    bad = [m for m in modes if m not in ALL_MODES]
+    if bad or not modes:
+        raise ValueError(
+            f"unknown mode(s) {', '.join(bad) or '(none given)'}; "
+            f"choose from {', '.join(ALL_MODES)}"
+        )
+    return list(dict.fromkeys(modes))
+
+
+def run_benchmark(
+    modes: Sequence[str] | None = None,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "bfloat16",
+    max_new_tokens: int = 100,
+    repeats: int = 3,
+    model_path: str | os.PathLike | None = None,
+    prompt: str = DEFAULT_PROMPT,
+    out_dir: str | os.PathLike = "qwen3",
+    *,
+    cfg: Mapping[str, Any] | None = None,
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+    token_ids: torch.Tensor | None = None,
+    cold_compile: bool = True,
+    quiet: bool = False,
+) -> list[dict[str, Any]]:
+    """Time each mode on one model (same weights, prompt and token count) and
+    return one dict per mode (fields: ROW_FIELDS).
+
+    Weights come from `download_qwen3_small` (stand-ins offline), `model_path`,
+    or `cfg` + `state_dict` (tests); `token_ids` overrides the prompt.
+    """
+    from utils.device import resolve_device
+
+    dev = resolve_device(device) if isinstance(device, str) else torch.device(device)
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        dtype = DTYPES[dtype]
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise ValueError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
+    if max_new_tokens < 2:
+        raise ValueError("max_new_tokens must be >= 2 to measure a decode rate")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    modes = _check_modes(modes if modes is not None else default_modes(dev))
+
+    book, tokenizer_path, standin = load_book_model(
+        dev, dtype, model_path, out_dir, cfg, state_dict
+    )
+    if token_ids is None:
+        token_ids = prompt_token_ids(tokenizer_path, prompt, dev)
+    token_ids = token_ids.to(dev)
+
+    rows = []
+    for mode in modes:
+        if not quiet:
+            print(f"[benchmark] {mode}: warming up ...", flush=True)
+        if "compiled" in mode:
+            torch._dynamo.reset()  # every compiled mode starts from scratch
+        with _PeakMemory(dev) as mem:
+            stream, timer, compiled = _prepare(mode, book, token_ids, max_new_tokens)
+            t0 = time.perf_counter()
+            with _cold_compile_caches(cold_compile and compiled):
+                warm = timer(stream, dev)
+            warmup_s = time.perf_counter() - t0
+            runs = [timer(stream, dev) for _ in range(repeats)]
+        row = _summarise(mode, runs, warmup_s, mem, dev, dtype, token_ids)
+        row["compiled"] = compiled
+        if warm["tokens"] != max_new_tokens:
+            row["note"] += f"; produced {warm['tokens']} tokens"
+        rows.append(row)
+        if not quiet:
+            print(
+                f"[benchmark] {mode}: {row['tokens_per_sec']:.2f} tok/s, "
+                f"warm-up {warmup_s:.1f} s",
+                flush=True,
+            )
+        del stream
+    _add_ratios(rows)
+    for row in rows:
+        row["standin"] = standin
+    return rows
+
+
+def _summarise(mode, runs, warmup_s, mem, dev, dtype, token_ids) -> dict[str, Any]:
+    decode_rates = [
+        (r["tokens"] - 1) / max(r["total_s"] - r["ttft_s"], 1e-9) for r in runs
+    ]
+    return {
+        "mode": mode,
+        "device": str(dev),
+        "dtype": str(dtype).removeprefix("torch."),
+        "prompt_tokens": int(token_ids.shape[1]),
+        "new_tokens": int(runs[0]["tokens"]),
+        "tokens_per_sec": statistics.median(decode_rates),
+        "e2e_tokens_per_sec": statistics.median(
+            r["tokens"] / r["total_s"] for r in runs
+        ),
+        "ttft_s": statistics.median(r["ttft_s"] for r in runs),
+        "warmup_s": warmup_s,
+        "peak_mem_bytes": int(mem.peak),
+        "memory_kind": mem.kind,
+        "ratio_vs_kv_cache": None,
+        "compiled": False,
+        "note": MODE_NOTES[mode],
+    }
+
+
+def _add_ratios(rows: list[dict[str, Any]]) -> None:
+    base = next((r for r in rows if r["mode"] == BASELINE_MODE), None)
+    for row in rows:
+        if base is not None and base["tokens_per_sec"] > 0:
+            row["ratio_vs_kv_cache"] = row["tokens_per_sec"] / base["tokens_per_sec"]
+
+
+# ---------------------------------------------------------------------------
+# Output: table, JSON, CSV, chart
+# ---------------------------------------------------------------------------
+
+
+def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A markdown table of the rows (speed, time to first token, warm-up,
+    peak memory, ratio to the book's KV-cache mode)."""
+    header = (
+        "| Mode | Tokens/sec (decode) | Tokens/sec (end to end) | TTFT (s) "
+        "| Warm-up (s) | Peak memory (GB) | vs kv_cache |"
+    )
+    lines = [header, "|" + "---|" * 7]
+    for r in rows:
+        ratio = r.get("ratio_vs_kv_cache")
+        lines.append(
+            f"| {r['mode']} | {r['tokens_per_sec']:.2f} "
+            f"| {r['e2e_tokens_per_sec']:.2f} | {r['ttft_s']:.3f} "
+            f"| {r['warmup_s']:.1f} | {r['peak_mem_bytes'] / 1024**3:.2f} "
+            f"| {'-' if ratio is None else f'{ratio:.2f}x'} |"
+        )
+    return "\n".join(lines)
+
+
+def _atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
+    """Write the rows as a JSON list (atomically)."""
+    return _atomic_write_text(path, json.dumps(list(rows), indent=2) + "\n")
+
+
+def write_csv(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
+    """Write the rows as CSV with a header line (atomically)."""
+    import io
+
+    fields = list(ROW_FIELDS) + sorted({k for r in rows for k in r} - set(ROW_FIELDS))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+    return _atomic_write_text(path, buf.getvalue())
+
+
+def plot_results(
+    rows: Sequence[Mapping[str, Any]], path: str | os.PathLike | None = None
+):
+    """Bar chart of decode tokens/sec per mode; saved to `path` if given.
+    Returns the matplotlib Figure."""
+    import matplotlib
+
+    if path is not None and "matplotlib.pyplot" not in sys.modules:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = [r["mode"] for r in rows]
+    speeds = [r["tokens_per_sec"] for r in rows]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(rows)), 3.5))
+    bars = ax.bar(modes, speeds, color="#4c72b0")
+    ax.bar_label(bars, fmt="%.1f")
+    ax.set_ylabel("decode tokens/sec")
+    if rows:
+        ax.set_title(f"Qwen3 0.6B, {rows[0]['device']}, {rows[0]['dtype']}")
+    ax.tick_params(axis="x", labelrotation=30)
+    fig.tight_layout()
+    if path is not None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+# ---------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one clear line, exit code 2
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m utils.benchmark",
+        description="Compare Qwen3 0.6B generation modes (the book's Table 2.1, "
+        "plus a static-cache fast path and Hugging Face) in one run.",
+    )
+    p.add_argument("--device", default="cpu", help="cpu, cuda, mps, xpu or auto")
+    p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
+    p.add_argument("--max-new-tokens", type=int, default=100)
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per mode")
+    p.add_argument(
+        "--modes",
+        default=None,
+        help=f"comma-separated subset of: {','.join(ALL_MODES)} (default: all)",
+    )
+    p.add_argument("--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("--model-path", default=None, help="a book .pth file")
+    p.add_argument("--out-dir", default="qwen3", help="download folder")
+    p.add_argument("--json", default=None, metavar="PATH")
+    p.add_argument("--csv", default=None, metavar="PATH")
+    p.add_argument("--plot", default=None, metavar="PATH", help="bar chart (PNG)")
+    p.add_argument(
+        "--warm-cache",
+        action="store_true",
+        help="let torch.compile reuse its on-disk caches (shorter warm-up)",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        modes = (
+            None
+            if args.modes is None
+            else [m.strip() for m in args.modes.split(",") if m.strip()]
+        )
+        if modes is not None:
+            _check_modes(modes)
+        if args.max_new_tokens < 2:
+            raise ValueError("--max-new-tokens must be at least 2")
+        if args.repeats < 1:
+            raise ValueError("--repeats must be at least 1")
+        rows = run_benchmark(
+            modes=modes,
+            device=args.device,
+            dtype=args.dtype,
+            max_new_tokens=args.max_new_tokens,
+            repeats=args.repeats,
+            model_path=args.model_path,
+            prompt=args.prompt,
+            out_dir=args.out_dir,
+            cold_compile=not args.warm_cache,
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"python -m utils.benchmark: error: {exc}", file=sys.stderr)
+        return 2
+    print()
+    print(format_table(rows))
+    if rows and rows[0].get("standin"):
+        from utils.standin import BANNER
+
+        print(BANNER)
+    for path, writer in ((args.json, write_json), (args.csv, write_csv)):
+        if path:
+            print(f"wrote {writer(rows, path)}")
+    if args.plot:
+        plot_results(rows, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
