@@ -278,12 +278,20 @@ def load_book_model(
                     f"qwen3-0.6B-*.pth file or leave it out to download."
                 )
             standin = is_standin(model_path)
+            if standin:
+                print_standin_banner()
             guess = model_path.with_name("tokenizer-base.json")
-            tokenizer_path = guess if guess.is_file() else None
+            if guess.is_file():
+                tokenizer_path = guess
+            else:  # the tokenizer is small: fetch it (or its stand-in)
+                from utils.download import download_qwen3_small
+
+                tok_files = download_qwen3_small(
+                    "base", tokenizer_only=True, out_dir=out_dir
+                )
+                tokenizer_path = tok_files.tokenizer
         state_dict = torch.load(model_path, map_location="cpu", weights_only=True)
     cfg = {**(cfg or QWEN_CONFIG_06_B), "dtype": dtype}
-    if standin:
-        print_standin_banner()
     with torch.device("meta"):
         model = Qwen3Model(cfg)
     sd = {k: v.to(device=device, dtype=dtype) for k, v in state_dict.items()}
@@ -576,6 +584,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", default=None, metavar="PATH")
     p.add_argument("--plot", default=None, metavar="PATH", help="bar chart (PNG)")
     p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for torch (default: torch's choice); 1 avoids "
+        "thread thrashing on a machine busy with other work",
+    )
+    p.add_argument(
         "--warm-cache",
         action="store_true",
         help="let torch.compile reuse its on-disk caches (shorter warm-up)",
@@ -584,6 +599,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit code."""
+    from utils.download import DownloadError
+
     args = build_parser().parse_args(argv)
     try:
         modes = (
@@ -597,6 +615,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError("--max-new-tokens must be at least 2")
         if args.repeats < 1:
             raise ValueError("--repeats must be at least 1")
+        if args.threads is not None:
+            if args.threads < 1:
+                raise ValueError("--threads must be at least 1")
+            torch.set_num_threads(args.threads)
         rows = run_benchmark(
             modes=modes,
             device=args.device,
@@ -608,7 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             out_dir=args.out_dir,
             cold_compile=not args.warm_cache,
         )
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, DownloadError) as exc:
         print(f"python -m utils.benchmark: error: {exc}", file=sys.stderr)
         return 2
     print()

@@ -344,12 +344,14 @@ class _FallbackCompiled:
             try:
                 return self.compiled(model, cur_token, input_pos)
             except Exception as exc:  # noqa: BLE001 - any compiler failure
+                from utils.compile import compile_hint
+
                 self.failed = True
-                msg = str(exc).strip().splitlines()
-                reason = msg[0][:160] if msg else type(exc).__name__
+                lines = str(exc).strip().splitlines()
+                reason = lines[0][:160] if lines else type(exc).__name__
                 print(
                     f"fast_decode: torch.compile failed ({type(exc).__name__}: "
-                    f"{reason}); using the eager decode step."
+                    f"{reason}); using the eager decode step. {compile_hint(exc)}"
                 )
         return _decode_one_token_impl(model, cur_token, input_pos)
 
