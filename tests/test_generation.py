@@ -7,6 +7,7 @@ import pytest
 import torch
 from reasoning_from_scratch import ch02 as book
 from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model
+from tiny import tiny_config
 
 from utils.generation import (
     generate_stats,
@@ -15,19 +16,7 @@ from utils.generation import (
 )
 from utils.standin import standin_state_dict
 
-TINY = {
-    "vocab_size": 512,
-    "context_length": 128,
-    "emb_dim": 64,
-    "n_heads": 4,
-    "n_layers": 2,
-    "hidden_dim": 128,
-    "head_dim": 16,
-    "qk_norm": True,
-    "n_kv_groups": 2,
-    "rope_base": 1_000_000.0,
-    "dtype": torch.float32,
-}
+TINY = tiny_config(vocab_size=512, context_length=128)
 GENERATORS = [generate_text_basic_stream, generate_text_basic_stream_cache]
 
 

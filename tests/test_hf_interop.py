@@ -9,6 +9,7 @@ import pytest
 import torch
 from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model
 from safetensors import safe_open
+from tiny import tiny_config
 
 from utils import hf_interop
 from utils.generation import generate_text_basic_stream_cache
@@ -24,19 +25,7 @@ from utils.standin import standin_state_dict
 
 transformers = pytest.importorskip("transformers")
 
-TINY = {
-    "vocab_size": 1000,
-    "context_length": 256,
-    "emb_dim": 64,
-    "n_heads": 4,
-    "n_layers": 2,
-    "hidden_dim": 128,
-    "head_dim": 16,
-    "qk_norm": True,
-    "n_kv_groups": 2,
-    "rope_base": 1_000_000.0,
-    "dtype": torch.float32,
-}
+TINY = tiny_config()
 
 # Official Qwen/Qwen3-0.6B config.json (transformers 4.51 spelling).
 QWEN3_06B_CONFIG_JSON = {

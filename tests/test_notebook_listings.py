@@ -15,24 +15,13 @@ import pytest
 import torch
 from reasoning_from_scratch import ch02 as book
 from reasoning_from_scratch.qwen3 import KVCache, Qwen3Model
+from tiny import tiny_config
 
 from utils import generation
 
 NB_DIR = Path(__file__).resolve().parent.parent / "ch02" / "01_main-chapter-code"
 
-TINY_CFG = {
-    "vocab_size": 1000,
-    "context_length": 64,
-    "emb_dim": 64,
-    "n_heads": 4,
-    "n_layers": 2,
-    "hidden_dim": 128,
-    "head_dim": 16,
-    "qk_norm": True,
-    "n_kv_groups": 2,
-    "rope_base": 10_000.0,
-    "dtype": torch.float32,
-}
+TINY_CFG = tiny_config(context_length=64, rope_base=10_000.0)
 
 
 def load_function(notebook: str, name: str):

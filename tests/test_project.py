@@ -1,8 +1,8 @@
 """Project files that readers rely on stay consistent with each other."""
 
-import tomllib
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]

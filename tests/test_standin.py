@@ -5,22 +5,19 @@ import json
 import pytest
 import torch
 from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model
+from tiny import tiny_config
 
 import utils.standin as standin
 
-TINY = {
-    "vocab_size": 300,
-    "context_length": 64,
-    "emb_dim": 32,
-    "n_heads": 4,
-    "n_layers": 2,
-    "hidden_dim": 64,
-    "head_dim": 8,
-    "qk_norm": True,
-    "n_kv_groups": 2,
-    "rope_base": 10_000.0,
-    "dtype": torch.bfloat16,
-}
+TINY = tiny_config(
+    vocab_size=300,
+    context_length=64,
+    emb_dim=32,
+    hidden_dim=64,
+    head_dim=8,
+    rope_base=10_000.0,
+    dtype=torch.bfloat16,
+)
 
 
 @pytest.fixture
