@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import gc
 import json
 import os
 import statistics
@@ -281,15 +282,7 @@ def load_book_model(
             if standin:
                 print_standin_banner()
             guess = model_path.with_name("tokenizer-base.json")
-            if guess.is_file():
-                tokenizer_path = guess
-            else:  # the tokenizer is small: fetch it (or its stand-in)
-                from utils.download import download_qwen3_small
-
-                tok_files = download_qwen3_small(
-                    "base", tokenizer_only=True, out_dir=out_dir
-                )
-                tokenizer_path = tok_files.tokenizer
+            tokenizer_path = guess if guess.is_file() else None
         state_dict = torch.load(model_path, map_location="cpu", weights_only=True)
     cfg = {**(cfg or QWEN_CONFIG_06_B), "dtype": dtype}
     with torch.device("meta"):
@@ -404,6 +397,12 @@ def run_benchmark(
         dev, dtype, model_path, out_dir, cfg, state_dict
     )
     if token_ids is None:
+        if tokenizer_path is None:  # small: fetch it (or its stand-in)
+            from utils.download import download_qwen3_small
+
+            tokenizer_path = download_qwen3_small(
+                "base", tokenizer_only=True, out_dir=out_dir
+            ).tokenizer
         token_ids = prompt_token_ids(tokenizer_path, prompt, dev)
     token_ids = token_ids.to(dev)
 
@@ -431,7 +430,12 @@ def run_benchmark(
                 f"warm-up {warmup_s:.1f} s",
                 flush=True,
             )
+        # Free this mode's extra copies (compiled graphs, int8 weights) so the
+        # next mode's memory figure is its own
         del stream
+        if compiled:
+            torch._dynamo.reset()
+        gc.collect()
     _add_ratios(rows)
     for row in rows:
         row["standin"] = standin

@@ -8,8 +8,9 @@ qk-norm, grouped-query attention), arranged the way fast inference code is:
   so every decode step has the same tensor shapes;
 * the position is a tensor and the causal mask is a comparison against a
   precomputed `arange`, so nothing is rebuilt or concatenated per token;
-* `prefill` runs the prompt once (eager); `decode_one_token` is the only
-  function that gets compiled (CUDA graphs on CUDA, inductor on CPU);
+* `prefill` runs the prompt once (eager); only the decode step is compiled:
+  as one graph replayed with CUDA graphs on CUDA, and on CPU as one
+  transformer block whose compiled code serves all layers (short warm-up);
 * `generate` streams `(batch, 1)` tokens exactly like the book's
   `generate_text_basic_stream_cache`, stopping at EOS without yielding it.
 
@@ -19,6 +20,7 @@ Optional `quantize_int8` swaps the linear layers for weight-only int8 ones
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -43,8 +45,9 @@ __all__ = [
 # reuse one compiled decode step instead of recompiling for every length.
 CACHE_ROUND = 64
 
-# Inductor settings used for the CPU decode step. `freezing` turns the weights
-# into constants so inductor can pre-pack them for the CPU matmul kernels.
+# Inductor settings for a whole-step CPU compile (regional=False). `freezing`
+# turns the weights into constants that inductor may pre-pack for its matmul
+# kernels; that needs one graph for all 28 layers, which compiles slowly.
 CPU_COMPILE_OPTIONS: dict[str, Any] = {"freezing": True}
 
 
@@ -277,7 +280,11 @@ class FastQwen3(nn.Module):
     # -- forward -------------------------------------------------------------
 
     def forward(
-        self, idx: torch.Tensor, input_pos: torch.Tensor, kv_len: int | None = None
+        self,
+        idx: torch.Tensor,
+        input_pos: torch.Tensor,
+        kv_len: int | None = None,
+        block_fn: Callable | None = None,
     ) -> torch.Tensor:
         """Logits for tokens `idx` (b, t) placed at positions `input_pos` (t,);
         their keys/values are written into the cache first.
@@ -285,6 +292,8 @@ class FastQwen3(nn.Module):
         `kv_len` (a Python int, the number of filled cache slots) lets eager
         code attend over exactly those slots, which rounds exactly like the
         book in bf16; None (compiled step) keeps every shape static.
+        `block_fn(block, x, cos, sin, mask, input_pos)` replaces the plain
+        block call (used for the regionally compiled decode step).
         """
         if self.positions is None:
             raise RuntimeError("Call setup_cache(batch_size, num_tokens) first.")
@@ -296,7 +305,10 @@ class FastQwen3(nn.Module):
         positions = self.positions[:kv_len]
         mask = (positions[None, :] > input_pos[:, None]).repeat(r, 1)
         for block in self.trf_blocks:
-            x = block(x, cos, sin, mask, input_pos, kv_len)
+            if block_fn is None:
+                x = block(x, cos, sin, mask, input_pos, kv_len)
+            else:
+                x = block_fn(block, x, cos, sin, mask, input_pos)
         x = self.final_norm(x)
         return self.out_head(x)  # (b, t, vocab_size)
 
@@ -306,24 +318,38 @@ class FastQwen3(nn.Module):
         self,
         mode: str | None = None,
         options: Mapping[str, Any] | None = None,
+        regional: bool | None = None,
     ) -> FastQwen3:
-        """Compile only the decode step (used by `generate`). CUDA defaults to
-        mode="reduce-overhead" (CUDA graphs); CPU to CPU_COMPILE_OPTIONS.
-        If compilation fails at first use, generation falls back to eager."""
+        """Compile only the decode step (used by `generate`).
+
+        regional=True compiles one transformer block and reuses that code for
+        every layer (fast warm-up; the CPU default); regional=False compiles
+        the whole step as one graph (the CUDA default, with
+        mode="reduce-overhead" for CUDA graphs; on CPU with
+        CPU_COMPILE_OPTIONS). If compiling fails, generation falls back to
+        eager with a one-line message.
+        """
         device = self.tok_emb.weight.device
+        if regional is None:
+            regional = device.type == "cpu"
         if mode is None and options is None:
             if device.type == "cuda":
                 mode = "reduce-overhead"
-            elif device.type == "cpu":
+            elif device.type == "cpu" and not regional:
                 options = dict(CPU_COMPILE_OPTIONS)
         kwargs: dict[str, Any] = {"fullgraph": True, "dynamic": False}
         if mode is not None:
             kwargs["mode"] = mode
         if options:
             kwargs["options"] = dict(options)
-        self._decode_step = _FallbackCompiled(
-            torch.compile(_decode_one_token_impl, **kwargs)
-        )
+        if regional:
+            block_fn = torch.compile(_run_block, **kwargs)
+            step = functools.partial(_decode_one_token_regional, block_fn=block_fn)
+            self._decode_step = _FallbackCompiled(step)
+        else:
+            self._decode_step = _FallbackCompiled(
+                torch.compile(_decode_one_token_impl, **kwargs)
+            )
         return self
 
     def decode_compiled(self) -> bool:
@@ -359,6 +385,15 @@ class _FallbackCompiled:
 # ---------------------------------------------------------------------------
 # Prefill / decode / generate
 # ---------------------------------------------------------------------------
+
+
+def _run_block(block, x, cos, sin, mask, input_pos):
+    return block(x, cos, sin, mask, input_pos)
+
+
+def _decode_one_token_regional(model, cur_token, input_pos, block_fn):
+    logits = model(cur_token, input_pos, None, block_fn)[:, -1]
+    return torch.argmax(logits, dim=-1, keepdim=True), logits
 
 
 def _decode_one_token_impl(model, cur_token, input_pos, kv_len=None):
