@@ -10,23 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny import tiny_config
 
 from utils import benchmark
 from utils.standin import standin_state_dict
 
-TINY = {
-    "vocab_size": 500,
-    "context_length": 256,
-    "emb_dim": 64,
-    "n_heads": 4,
-    "n_layers": 2,
-    "hidden_dim": 128,
-    "head_dim": 16,
-    "qk_norm": True,
-    "n_kv_groups": 2,
-    "rope_base": 1_000_000.0,
-    "dtype": torch.float32,
-}
+TINY = tiny_config(vocab_size=500)
 MODES = ["regular", "kv_cache", "fast"]
 REPO = Path(__file__).resolve().parents[1]
 

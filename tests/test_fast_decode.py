@@ -16,6 +16,7 @@ from reasoning_from_scratch.qwen3 import (
     Qwen3Model,
     compute_rope_params,
 )
+from tiny import tiny_config
 
 from utils.fast_decode import (
     FastQwen3,
@@ -29,19 +30,7 @@ from utils.fast_decode import (
 )
 from utils.standin import standin_state_dict, write_standin_weights
 
-TINY = {
-    "vocab_size": 1000,
-    "context_length": 512,
-    "emb_dim": 64,
-    "n_heads": 4,
-    "n_layers": 2,
-    "hidden_dim": 128,
-    "head_dim": 16,
-    "qk_norm": True,
-    "n_kv_groups": 2,
-    "rope_base": 1_000_000.0,
-    "dtype": torch.float32,
-}
+TINY = tiny_config(context_length=512)
 PROMPT = torch.tensor([[1, 5, 7, 9, 11, 300]])
 
 
