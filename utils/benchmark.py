@@ -12,7 +12,8 @@ Modes (all greedy, same prompt, same number of new tokens, EOS ignored):
   `torch.compile`d, as in Chapter 2;
 * `fast`, `fast_compiled`: `utils.fast_decode` (static KV cache, only the
   decode step compiled) on the same weights;
-* `fast_int8`: `fast` with weight-only int8 linear layers (approximate; CPU);
+* `fast_int8`: `fast_compiled` with weight-only int8 linear layers
+  (approximate; CPU);
 * `hf_static`: Hugging Face `Qwen3ForCausalLM.generate` with a static cache.
 
 Each mode runs once as warm-up (reported as `warmup_s`, which includes any
@@ -80,7 +81,7 @@ MODE_NOTES = {
     "kv_cache_compiled": "book KVCache, torch.compile",
     "fast": "static cache, eager",
     "fast_compiled": "static cache, compiled decode step",
-    "fast_int8": "static cache, int8 weights (approximate)",
+    "fast_int8": "static cache, int8 weights, compiled (approximate)",
     "hf_static": "transformers generate, static cache",
 }
 
@@ -335,10 +336,11 @@ def _prepare(mode, book, token_ids, n):
         fast = fast_decode.FastQwen3.from_book_model(book)
         if mode == "fast_int8":
             fast = fast_decode.quantize_int8(fast)
-        if mode == "fast_compiled":
+        compiled = mode in ("fast_compiled", "fast_int8")
+        if compiled:
             fast.compile_decode()
         stream = lambda: fast_decode.generate(fast, token_ids, n)  # noqa: E731
-        return stream, _time_stream, mode == "fast_compiled"
+        return stream, _time_stream, compiled
     if mode == "hf_static":
         stream, _hf = _hf_static_runner(book, token_ids, n)
         return stream, _hf_time_stream, False

@@ -8,11 +8,16 @@ qk-norm, grouped-query attention), arranged the way fast inference code is:
   so every decode step has the same tensor shapes;
 * the position is a tensor and the causal mask is a comparison against a
   precomputed `arange`, so nothing is rebuilt or concatenated per token;
-* `prefill` runs the prompt once (eager); only the decode step is compiled:
-  as one graph replayed with CUDA graphs on CUDA, and on CPU as one
-  transformer block whose compiled code serves all layers (short warm-up);
+* `prefill` runs the prompt once (eager); only the decode step is compiled,
+  as one graph (replayed with CUDA graphs on CUDA; on CPU inductor fuses
+  the small operations around the matrix-vector products);
 * `generate` streams `(batch, 1)` tokens exactly like the book's
   `generate_text_basic_stream_cache`, stopping at EOS without yielding it.
+
+On x86-64 CPUs with AVX2 the decode step's matrix-vector products run
+through a small C kernel (`utils.cpu_matvec`) that streams the bf16 weights
+near the memory bandwidth; it rounds like `F.linear` (float32 sums, one
+rounding to bf16). `FastQwen3.use_cpu_matvec(False)` turns it off.
 
 Optional `quantize_int8` swaps the linear layers for weight-only int8 ones
 (per-output-channel scales). That is an approximation: logits change a little.
@@ -29,11 +34,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from reasoning_from_scratch.qwen3 import compute_rope_params
 
+from utils import cpu_matvec
 from utils.generation import check_generation_inputs
 
 __all__ = [
     "FastQwen3",
     "Int8Linear",
+    "Linear",
     "prefill",
     "decode_one_token",
     "generate",
@@ -44,11 +51,6 @@ __all__ = [
 # Cache lengths are rounded up to this multiple, so nearby prompt lengths
 # reuse one compiled decode step instead of recompiling for every length.
 CACHE_ROUND = 64
-
-# Inductor settings for a whole-step CPU compile (regional=False). `freezing`
-# turns the weights into constants that inductor may pre-pack for its matmul
-# kernels; that needs one graph for all 28 layers, which compiles slowly.
-CPU_COMPILE_OPTIONS: dict[str, Any] = {"freezing": True}
 
 
 def cache_length_for(num_tokens: int, context_length: int) -> int:
@@ -61,6 +63,18 @@ def cache_length_for(num_tokens: int, context_length: int) -> int:
 # ---------------------------------------------------------------------------
 # Building blocks (parameter names match the book's modules)
 # ---------------------------------------------------------------------------
+
+
+class Linear(nn.Linear):
+    """`nn.Linear` without bias whose single-row (decode) products may use
+    the CPU matrix-vector kernel; `matvec` is set by FastQwen3."""
+
+    matvec = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.matvec:
+            return cpu_matvec.linear(x, self.weight)
+        return F.linear(x, self.weight)
 
 
 class RMSNorm(nn.Module):
@@ -93,9 +107,9 @@ class FeedForward(nn.Module):
     def __init__(self, cfg: Mapping[str, Any]) -> None:
         super().__init__()
         emb, hid, dt = cfg["emb_dim"], cfg["hidden_dim"], cfg["dtype"]
-        self.fc1 = nn.Linear(emb, hid, bias=False, dtype=dt)
-        self.fc2 = nn.Linear(emb, hid, bias=False, dtype=dt)
-        self.fc3 = nn.Linear(hid, emb, bias=False, dtype=dt)
+        self.fc1 = Linear(emb, hid, bias=False, dtype=dt)
+        self.fc2 = Linear(emb, hid, bias=False, dtype=dt)
+        self.fc3 = Linear(hid, emb, bias=False, dtype=dt)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc3(F.silu(self.fc1(x)) * self.fc2(x))
@@ -114,10 +128,10 @@ class GroupedQueryAttention(nn.Module):
         emb, dt = cfg["emb_dim"], cfg["dtype"]
         d_out = self.num_heads * self.head_dim
         d_kv = self.num_kv_groups * self.head_dim
-        self.W_query = nn.Linear(emb, d_out, bias=False, dtype=dt)
-        self.W_key = nn.Linear(emb, d_kv, bias=False, dtype=dt)
-        self.W_value = nn.Linear(emb, d_kv, bias=False, dtype=dt)
-        self.out_proj = nn.Linear(d_out, emb, bias=False, dtype=dt)
+        self.W_query = Linear(emb, d_out, bias=False, dtype=dt)
+        self.W_key = Linear(emb, d_kv, bias=False, dtype=dt)
+        self.W_value = Linear(emb, d_kv, bias=False, dtype=dt)
+        self.out_proj = Linear(d_out, emb, bias=False, dtype=dt)
         if cfg["qk_norm"]:
             self.q_norm = RMSNorm(self.head_dim)
             self.k_norm = RMSNorm(self.head_dim)
@@ -158,13 +172,26 @@ class GroupedQueryAttention(nn.Module):
         # kv_len (eager only) limits attention to the filled slots; the
         # compiled step always reads the whole static cache, masked
         keys, values = self.k_cache[:, :, :kv_len], self.v_cache[:, :, :kv_len]
-        scores = q @ keys.transpose(2, 3)  # (b, kv_groups, r*t, kv_len)
+        fuse = x.device.type == "cpu" and torch.compiler.is_compiling()
+        scores = _matmul(q, keys.transpose(2, 3), fuse)  # (b, g, r*t, kv_len)
         # Same operations, order and dtype as the book, so bf16 rounds alike
         scores = scores.masked_fill(mask, -torch.inf)
         weights = torch.softmax(scores / self.head_dim**0.5, dim=-1)
-        ctx = weights @ values  # (b, kv_groups, r*t, d)
+        ctx = _matmul(weights, values, fuse)  # (b, kv_groups, r*t, d)
         ctx = ctx.view(b, self.num_heads, t, self.head_dim).transpose(1, 2)
         return self.out_proj(ctx.reshape(b, t, self.num_heads * self.head_dim))
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor, fuse: bool) -> torch.Tensor:
+    """a @ b for the attention's small batched products. With fuse=True
+    (compiled CPU decode) it is written as a float32 multiply-and-sum that
+    inductor turns into one loop: CPU bf16 `bmm` costs ~0.2 ms a call here
+    for a few thousand multiply-adds. Rounds like bmm: float32 sums, one
+    rounding to the input dtype."""
+    if not fuse:
+        return a @ b
+    prod = a.float().unsqueeze(-1) * b.float().unsqueeze(-3)  # (..., m, k, n)
+    return prod.sum(dim=-2).to(a.dtype)
 
 
 class TransformerBlock(nn.Module):
@@ -199,7 +226,7 @@ class FastQwen3(nn.Module):
             [TransformerBlock(cfg) for _ in range(cfg["n_layers"])]
         )
         self.final_norm = RMSNorm(cfg["emb_dim"])
-        self.out_head = nn.Linear(
+        self.out_head = Linear(
             cfg["emb_dim"], cfg["vocab_size"], bias=False, dtype=cfg["dtype"]
         )
         self.head_dim = cfg["head_dim"] or cfg["emb_dim"] // cfg["n_heads"]
@@ -207,6 +234,7 @@ class FastQwen3(nn.Module):
         self.register_buffer("sin", None, persistent=False)
         self.register_buffer("positions", None, persistent=False)
         self._decode_step: Callable | None = None  # set by compile_decode
+        self.cpu_matvec = True  # policy; applied by prefill (see use_cpu_matvec)
 
     # -- construction --------------------------------------------------------
 
@@ -240,6 +268,28 @@ class FastQwen3(nn.Module):
         if model.out_head.weight is model.tok_emb.weight:
             fast.out_head.weight = fast.tok_emb.weight
         return fast
+
+    # -- CPU matrix-vector kernel ----------------------------------------------
+
+    def use_cpu_matvec(self, enabled: bool = True) -> bool:
+        """Choose whether decode steps on CPU use the AVX2 matrix-vector
+        kernel (default: yes). Returns whether it is active now."""
+        self.cpu_matvec = enabled
+        return self._apply_cpu_matvec()
+
+    def _apply_cpu_matvec(self) -> bool:
+        on_cpu = self.tok_emb.weight.device.type == "cpu"
+        active = bool(self.cpu_matvec and on_cpu and cpu_matvec.get_kernels())
+        for module in self.modules():
+            if isinstance(module, (Linear, Int8Linear)) and module.matvec != active:
+                module.matvec = active
+        return active
+
+    def cpu_matvec_active(self) -> bool:
+        """Whether the linear layers currently use the CPU kernel."""
+        return any(
+            m.matvec for m in self.modules() if isinstance(m, (Linear, Int8Linear))
+        )
 
     # -- cache -----------------------------------------------------------------
 
@@ -318,25 +368,22 @@ class FastQwen3(nn.Module):
         self,
         mode: str | None = None,
         options: Mapping[str, Any] | None = None,
-        regional: bool | None = None,
+        regional: bool = False,
     ) -> FastQwen3:
         """Compile only the decode step (used by `generate`).
 
-        regional=True compiles one transformer block and reuses that code for
-        every layer (fast warm-up; the CPU default); regional=False compiles
-        the whole step as one graph (the CUDA default, with
-        mode="reduce-overhead" for CUDA graphs; on CPU with
-        CPU_COMPILE_OPTIONS). If compiling fails, generation falls back to
-        eager with a one-line message.
+        By default the whole step is one graph: on CUDA replayed with CUDA
+        graphs (mode="reduce-overhead"); on CPU plain inductor, whose fused
+        loops around the matrix-vector kernel leave little but the weight
+        reads (about 2 minutes of warm-up on a 2-core machine).
+        regional=True instead compiles one transformer block whose code
+        serves all layers: a quarter of the warm-up, but Python runs between
+        the blocks (~30 % slower per token on that machine). If compiling
+        fails, generation falls back to eager with a one-line message.
         """
         device = self.tok_emb.weight.device
-        if regional is None:
-            regional = device.type == "cpu"
-        if mode is None and options is None:
-            if device.type == "cuda":
-                mode = "reduce-overhead"
-            elif device.type == "cpu" and not regional:
-                options = dict(CPU_COMPILE_OPTIONS)
+        if mode is None and options is None and device.type == "cuda":
+            mode = "reduce-overhead"
         kwargs: dict[str, Any] = {"fullgraph": True, "dynamic": False}
         if mode is not None:
             kwargs["mode"] = mode
@@ -407,6 +454,7 @@ def prefill(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the prompt (b, t) from position 0, filling the cache; returns the
     greedy next token (b, 1) and the last position's logits (b, vocab)."""
+    model._apply_cpu_matvec()
     num_tokens = token_ids.shape[1]
     input_pos = torch.arange(num_tokens, device=token_ids.device)
     logits = model(token_ids, input_pos, num_tokens)[:, -1]
@@ -496,28 +544,39 @@ def _generate(model, token_ids, max_new_tokens, eos_token_id):
 
 class Int8Linear(nn.Module):
     """Weight-only int8 linear layer (APPROXIMATE): int8 weights with one
-    scale per output channel; activations stay in the model dtype."""
+    float32 scale per output channel; activations stay in the model dtype."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    matvec = False  # set by FastQwen3: single rows use the CPU kernel
+
+    def __init__(self, linear: nn.Linear, rows_per_chunk: int = 8192) -> None:
         super().__init__()
         w = linear.weight.detach()
         self.in_features, self.out_features = w.shape[1], w.shape[0]
-        w32 = w.to(torch.float32)
-        scales = w32.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-        q = torch.round(w32 / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
+        scales = torch.empty(w.shape[0], dtype=torch.float32, device=w.device)
+        # A chunk of rows at a time, so the float32 copy stays small (the
+        # 151,936-row output head would otherwise need 620 MB of temporaries)
+        for start in range(0, w.shape[0], rows_per_chunk):
+            rows = w[start : start + rows_per_chunk].to(torch.float32)
+            s = rows.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+            q[start : start + rows_per_chunk] = torch.round(rows / s[:, None]).clamp(
+                -127, 127
+            )
+            scales[start : start + rows_per_chunk] = s
         self.register_buffer("weight_int8", q)  # (out, in)
-        self.register_buffer("scales", scales.to(w.dtype))  # (out,)
+        self.register_buffer("scales", scales)  # (out,) float32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.matvec and cpu_matvec.supports(x, self.weight_int8):
+            return cpu_matvec.int8_linear(x, self.weight_int8, self.scales)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
+        scales = self.scales.to(x.dtype)
         if x.device.type == "cpu":
-            # Fused int8-weight matmul kernel (dequantises on the fly)
-            out = torch._weight_int8pack_mm(
-                x2, self.weight_int8, self.scales.to(x.dtype)
-            )
+            # torch's fused int8-weight matmul (dequantises on the fly)
+            out = torch._weight_int8pack_mm(x2, self.weight_int8, scales)
         else:
-            out = F.linear(x2, self.weight_int8.to(x.dtype)) * self.scales.to(x.dtype)
+            out = F.linear(x2, self.weight_int8.to(x.dtype)) * scales
         return out.view(*lead, self.out_features)
 
 
