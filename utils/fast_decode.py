@@ -172,26 +172,19 @@ class GroupedQueryAttention(nn.Module):
         # kv_len (eager only) limits attention to the filled slots; the
         # compiled step always reads the whole static cache, masked
         keys, values = self.k_cache[:, :, :kv_len], self.v_cache[:, :, :kv_len]
-        fuse = x.device.type == "cpu" and torch.compiler.is_compiling()
-        scores = _matmul(q, keys.transpose(2, 3), fuse)  # (b, g, r*t, kv_len)
-        # Same operations, order and dtype as the book, so bf16 rounds alike
-        scores = scores.masked_fill(mask, -torch.inf)
-        weights = torch.softmax(scores / self.head_dim**0.5, dim=-1)
-        ctx = _matmul(weights, values, fuse)  # (b, kv_groups, r*t, d)
+        if torch.compiler.is_compiling():
+            # Compiled decode step: one fused attention call (its float32
+            # internals skip the book's bf16 rounding of the scores)
+            ctx = F.scaled_dot_product_attention(q, keys, values, attn_mask=~mask)
+        else:
+            # Eager: the book's operations, order and dtypes, so bf16
+            # rounds exactly alike and greedy tokens match the book's
+            scores = q @ keys.transpose(2, 3)  # (b, kv_groups, r*t, kv_len)
+            scores = scores.masked_fill(mask, -torch.inf)
+            weights = torch.softmax(scores / self.head_dim**0.5, dim=-1)
+            ctx = weights @ values  # (b, kv_groups, r*t, d)
         ctx = ctx.view(b, self.num_heads, t, self.head_dim).transpose(1, 2)
         return self.out_proj(ctx.reshape(b, t, self.num_heads * self.head_dim))
-
-
-def _matmul(a: torch.Tensor, b: torch.Tensor, fuse: bool) -> torch.Tensor:
-    """a @ b for the attention's small batched products. With fuse=True
-    (compiled CPU decode) it is written as a float32 multiply-and-sum that
-    inductor turns into one loop: CPU bf16 `bmm` costs ~0.2 ms a call here
-    for a few thousand multiply-adds. Rounds like bmm: float32 sums, one
-    rounding to the input dtype."""
-    if not fuse:
-        return a @ b
-    prod = a.float().unsqueeze(-1) * b.float().unsqueeze(-3)  # (..., m, k, n)
-    return prod.sum(dim=-2).to(a.dtype)
 
 
 class TransformerBlock(nn.Module):
