@@ -56,6 +56,10 @@ _SOURCE = r"""
 #include <stdlib.h>
 #include <string.h>
 
+/* from omp.h, declared here so no OpenMP headers are needed */
+int omp_get_thread_num(void);
+int omp_get_num_threads(void);
+
 #define PREFETCH_BYTES 512
 
 static inline float hsum(__m256 v) {
@@ -302,13 +306,6 @@ int qwen3_matvec_int8(const void *x, int x_f32, const int8_t *w,
 }
 """
 
-# omp.h is declared by hand so the source compiles without OpenMP headers
-_SOURCE = _SOURCE.replace(
-    "#define PREFETCH_BYTES",
-    "int omp_get_thread_num(void);\nint omp_get_num_threads(void);\n"
-    "#define PREFETCH_BYTES",
-)
-
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 
 
@@ -377,46 +374,33 @@ class Kernels:
     lib: ctypes.CDLL
     path: Path
 
-    def matvec_bf16(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """weight (n, k) bf16 @ x (k,) bf16/float32 -> (n,) in x's dtype."""
-        n, k = weight.shape
+    def _call(self, name: str, x: torch.Tensor, *arrays: torch.Tensor) -> torch.Tensor:
+        """Run kernel `name` on x (k,) and the (n, k) weight [+ scales]."""
+        n, k = arrays[0].shape
         y = torch.empty(n, dtype=x.dtype)
-        rc = self.lib.qwen3_matvec_bf16(
-            x.data_ptr(), x.dtype == torch.float32, weight.data_ptr(),
+        rc = getattr(self.lib, name)(
+            x.data_ptr(), x.dtype == torch.float32,
+            *(a.data_ptr() for a in arrays),
             y.data_ptr(), y.dtype == torch.float32, n, k,
             torch.get_num_threads(),
         )  # fmt: skip
         if rc:
-            raise RuntimeError(f"qwen3_matvec_bf16 failed with code {rc}")
+            raise RuntimeError(f"{name} failed with code {rc}")
         return y
+
+    def matvec_bf16(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """weight (n, k) bf16 @ x (k,) bf16/float32 -> (n,) in x's dtype."""
+        return self._call("qwen3_matvec_bf16", x, weight)
 
     def matvec_bf16_exact(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """As `matvec_bf16`, bit-identical to torch's AVX2 result (k % 64 == 0)."""
-        n, k = weight.shape
-        y = torch.empty(n, dtype=x.dtype)
-        rc = self.lib.qwen3_matvec_bf16_exact(
-            x.data_ptr(), x.dtype == torch.float32, weight.data_ptr(),
-            y.data_ptr(), y.dtype == torch.float32, n, k,
-            torch.get_num_threads(),
-        )  # fmt: skip
-        if rc:
-            raise RuntimeError(f"qwen3_matvec_bf16_exact failed with code {rc}")
-        return y
+        return self._call("qwen3_matvec_bf16_exact", x, weight)
 
     def matvec_int8(
         self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
     ) -> torch.Tensor:
         """(weight (n, k) int8 @ x (k,)) * scales (n,) float32 -> x's dtype."""
-        n, k = weight.shape
-        y = torch.empty(n, dtype=x.dtype)
-        rc = self.lib.qwen3_matvec_int8(
-            x.data_ptr(), x.dtype == torch.float32, weight.data_ptr(),
-            scales.data_ptr(), y.data_ptr(), y.dtype == torch.float32, n, k,
-            torch.get_num_threads(),
-        )  # fmt: skip
-        if rc:
-            raise RuntimeError(f"qwen3_matvec_int8 failed with code {rc}")
-        return y
+        return self._call("qwen3_matvec_int8", x, weight, scales)
 
 
 def _load(path: Path) -> ctypes.CDLL:
