@@ -15,9 +15,9 @@ qk-norm, grouped-query attention), arranged the way fast inference code is:
   `generate_text_basic_stream_cache`, stopping at EOS without yielding it.
 
 On x86-64 CPUs with AVX2 the decode step's matrix-vector products run
-through a small C kernel (`utils.cpu_matvec`) that streams the bf16 weights
-near the memory bandwidth; it rounds like `F.linear` (float32 sums, one
-rounding to bf16). `FastQwen3.use_cpu_matvec(False)` turns it off.
+through small C kernels (`utils.cpu_matvec`) that stream the bf16 weights
+near the memory bandwidth. In eager mode their results are bit-identical to
+`F.linear`; `FastQwen3.use_cpu_matvec(False)` turns them off.
 
 Optional `quantize_int8` swaps the linear layers for weight-only int8 ones
 (per-output-channel scales). That is an approximation: logits change a little.
@@ -66,15 +66,16 @@ def cache_length_for(num_tokens: int, context_length: int) -> int:
 
 
 class Linear(nn.Linear):
-    """`nn.Linear` without bias whose single-row (decode) products may use
-    the CPU matrix-vector kernel; `matvec` is set by FastQwen3."""
+    """`nn.Linear` whose single-row (decode) products may use the CPU
+    matrix-vector kernel (bias-free layers only, as in Qwen3); `matvec` is
+    set by FastQwen3."""
 
     matvec = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.matvec:
+        if self.matvec and self.bias is None:
             return cpu_matvec.linear(x, self.weight)
-        return F.linear(x, self.weight)
+        return F.linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
