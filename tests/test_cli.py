@@ -20,7 +20,7 @@ from _view_fixtures import (
 )
 
 from utils import cli
-from utils.token_view import GreedyStreamer, decode_bytes
+from utils.streaming import GreedyStreamer, decode_bytes
 
 PROMPT = "Explain large language models."
 

@@ -113,7 +113,7 @@ def test_generation_panel_matches_generator(tok, model):
 
 
 def test_generation_panel_fast_toggle_state(tok, model):
-    from utils.token_view import fast_decode_available
+    from utils.streaming import fast_decode_available
 
     panel = widgets.generation_panel(model, tok, PROMPT, plain=False)
     assert panel.fast_box.disabled is (not fast_decode_available())
@@ -165,7 +165,7 @@ def test_generation_panel_reports_errors_in_the_panel(tok, model):
 def test_generation_panel_plain_streams_and_prints_stats(tok, model, capsys):
     assert widgets.generation_panel(model, tok, PROMPT, max_new_tokens=5) is None
     out = capsys.readouterr().out
-    from utils.token_view import decode_bytes
+    from utils.streaming import decode_bytes
 
     text = decode_bytes(tok, reference_ids(model, tok, PROMPT, 5))
     assert out.startswith(text)
