@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from _view_fixtures import load_tokenizer, standin_files, tiny_model
+from _view_fixtures import load_tokenizer, standin_files, tiny_model, unknown_id_model
 
 from utils import widgets
 from utils.generation import generate_text_basic_stream_cache
@@ -170,3 +170,17 @@ def test_generation_panel_plain_streams_and_prints_stats(tok, model, capsys):
     text = decode_bytes(tok, reference_ids(model, tok, PROMPT, 5))
     assert out.startswith(text)
     assert "tokens/sec" in out and "Time:" in out
+
+
+def test_panel_and_next_token_view_show_unknown_ids(tok):
+    model = unknown_id_model()
+    panel = widgets.generation_panel(model, tok, PROMPT, max_new_tokens=4, plain=False)
+    panel.start()
+    assert panel.wait(timeout=60) and panel.error is None
+    assert len(panel.token_ids) == 4
+    assert panel.text == "".join(f"<unk:{i}>" for i in panel.token_ids)
+    assert "&lt;unk:1517" in panel.output.value
+    view = widgets.next_token_view(model, tok, PROMPT, k=3, plain=False)
+    assert view.topk.pieces[0] == f"<unk:{view.topk.ids[0]}>"
+    view.step_button.click()  # an unknown id can be appended and shown
+    assert "&lt;unk:" in view.text_html.value
