@@ -292,7 +292,7 @@ def _generate(argv: Sequence[str] | None) -> int:
     except ValueError as exc:  # the prompt does not fit: checked before any work
         raise CliError(str(exc)) from None
     if result.interrupted:
-        _status("[stopped]")
+        _status("\n[stopped]")
     if args.print_ids:
         print("Token ids:", " ".join(map(str, result.token_ids)))
     return 0

@@ -330,7 +330,8 @@ class GenerationPanel(_View):
         from utils.errors import first_line
         from utils.streaming import stream_generation
 
-        start = last = time.perf_counter()
+        start = time.perf_counter()
+        last = start - self.UPDATE_EVERY_S  # show the first piece at once
 
         def write(piece: str) -> None:
             nonlocal last
