@@ -72,5 +72,18 @@ def tiny_model(seed: int = 0) -> Qwen3Model:
     return model.eval()
 
 
+def unknown_id_model() -> Qwen3Model:
+    """A tiny model whose every greedy pick is 151771 or 151772: ids its
+    output head has but the tokenizer (151,669 ids) does not."""
+    model = tiny_model(seed=1)
+    with torch.no_grad():
+        model.final_norm.scale.zero_()
+        model.final_norm.scale[0] = 1.0  # only feature 0 reaches the head
+        model.out_head.weight.zero_()
+        model.out_head.weight[151771, 0] = 50.0
+        model.out_head.weight[151772, 0] = -50.0
+    return model
+
+
 def load_tokenizer(path: Path, **kwargs) -> Qwen3Tokenizer:
     return Qwen3Tokenizer(str(path), **kwargs)

@@ -17,10 +17,12 @@ from _view_fixtures import (
     standin_files,
     standin_root,
     tiny_model,
+    unknown_id_model,
 )
 
 from utils import cli
-from utils.token_view import GreedyStreamer, decode_bytes
+from utils.qwen3_tokenizer import TOKENIZER_VOCAB_SIZE
+from utils.streaming import GreedyStreamer, decode_bytes
 
 PROMPT = "Explain large language models."
 
@@ -370,3 +372,145 @@ def test_chat_commands(tiny_cli, monkeypatch, capsys):
     assert "[history: 0 messages, 0 tokens]" in out
     rc, out, err = chat_in_process(monkeypatch, capsys, "", "--fast", "--no-cache")
     assert rc == 2 and err.strip().count("\n") == 0 and "--fast" in err
+
+
+# --------------------------------------------------------------------------
+# The command line survives any input
+# --------------------------------------------------------------------------
+
+
+def loader(tok_path, model):
+    def fake_load(args, kind, **tokenizer_kwargs):
+        t = load_tokenizer(tok_path, **tokenizer_kwargs)
+        return cli.Loaded(t, model, torch.device("cpu"), GreedyStreamer(model), True)
+
+    return fake_load
+
+
+def test_generate_shows_unknown_ids_and_carries_on(tiny, monkeypatch, capsys):
+    tok, _, tok_path = tiny
+    monkeypatch.setattr(cli, "load", loader(tok_path, unknown_id_model()))
+    rc = cli.generate_main(["--prompt", PROMPT, "--max-new-tokens", "5", "--print-ids"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    ids = [int(x) for x in out.rsplit("Token ids: ", 1)[1].split()]
+    assert len(ids) == 5 and all(i >= TOKENIZER_VOCAB_SIZE for i in ids)
+    assert out.startswith("".join(f"<unk:{i}>" for i in ids) + "\n\nTime:")
+
+
+def test_chat_shows_unknown_ids_and_keeps_the_session(tiny, monkeypatch, capsys):
+    tok, _, tok_path = tiny
+    monkeypatch.setattr(cli, "load", loader(tok_path, unknown_id_model()))
+    rc, out, err = chat_in_process(
+        monkeypatch, capsys, "one\ntwo\n/history\n", "--max-new-tokens", "3"
+    )
+    assert rc == 0, err
+    assert out.count("Assistant: <unk:1517") == 2
+    assert err.count("answer 3 tokens") == 2
+    assert "[history: 4 messages" in out
+
+
+def test_chat_encode_error_is_one_line_and_the_chat_goes_on(
+    tiny_cli, monkeypatch, capsys
+):
+    # A lone surrogate: what a non-UTF-8 byte becomes under surrogateescape
+    rc, out, err = chat_in_process(
+        monkeypatch,
+        capsys,
+        "bad \udcff byte\nfine\n/history\n",
+        "--max-new-tokens",
+        "2",
+    )
+    assert rc == 0 and "Traceback" not in err
+    bad = [line for line in err.splitlines() if "could not encode" in line]
+    assert len(bad) == 1 and bad[0].startswith("qwen3-chat: ")
+    assert "[history: 2 messages" in out and "user: fine" in out
+    assert out.count("Assistant: ") == 2  # the bad line got no answer
+
+
+DRIVER = r"""
+import sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from _view_fixtures import load_tokenizer, tiny_model
+from utils import cli
+from utils.streaming import GreedyStreamer
+
+model = tiny_model()
+
+def fake_load(args, kind, **kw):
+    tok = load_tokenizer(sys.argv[2], **kw)
+    return cli.Loaded(tok, model, torch.device("cpu"), GreedyStreamer(model), True)
+
+cli.load = fake_load
+sys.exit(cli.chat_main(sys.argv[3:]))
+"""
+
+
+def test_chat_skips_a_line_that_is_not_utf8(env, tiny):
+    """A real process reading real bytes on stdin (tiny model for speed)."""
+    _, _, tok_path = tiny
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            DRIVER,
+            str(Path(__file__).parent),
+            str(tok_path),
+            "--max-new-tokens",
+            "2",
+        ],
+        input=b"Hello\n\xff\xfe broken \xe4\xbd\nAgain\n/history\n",
+        capture_output=True,
+        env=env,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    bad = [line for line in err.splitlines() if "not UTF-8" in line]
+    assert len(bad) == 1 and bad[0].startswith("qwen3-chat: ")
+    assert out.count("Assistant: ") == 2
+    assert "user: Hello" in out and "user: Again" in out
+    assert "[history: 4 messages" in out
+
+
+def test_download_error_prints_its_whole_message(monkeypatch, capsys, tmp_path):
+    from utils import download
+
+    error = download.DownloadError(
+        "qwen3-0.6B-base.pth",
+        [("https://a.example/x", "HTTP 503"), ("https://b.example/y", "timeout")],
+    )
+
+    def failing(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(download, "download_qwen3_small", failing)
+    args = ["--prompt", "hi", "--device", "cpu", "--out-dir", str(tmp_path)]
+    rc = cli.generate_main(args)
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert err.startswith("qwen3-generate: error: could not get the base model")
+    assert str(error) in err  # every line: sources tried and what to try
+    assert len(str(error).splitlines()) > 3
+
+
+def test_download_error_in_a_real_process_lists_the_sources(env, tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in env.items() if k != "QWEN3_STANDIN"}
+    hub, mirror = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/mirror"
+    env.update(HF_ENDPOINT=hub, QWEN3_BACKUP_URL=mirror, HF_HOME=str(tmp_path / "hf"))
+    out_dir = tmp_path / "qwen3"
+    args = ["generate", "--prompt", "hi", "--device", "cpu", "--out-dir", str(out_dir)]
+    proc = run_cli(args, env, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    message = proc.stderr.split("qwen3-generate: error: ", 1)[1]
+    assert message.startswith(f"could not get the base model files into {out_dir}")
+    assert f"{hub}/" in message and f"{mirror}/" in message  # both sources
+    assert len(message.splitlines()) > 3

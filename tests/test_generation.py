@@ -1,6 +1,8 @@
 """The book's generators in utils.generation: validation, EOS, equality with
 the book's package, and cached == uncached."""
 
+import math
+import sys
 import time
 
 import pytest
@@ -9,6 +11,7 @@ from reasoning_from_scratch import ch02 as book
 from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model
 from tiny import tiny_config
 
+from utils import generation
 from utils.generation import (
     generate_stats,
     generate_text_basic_stream,
@@ -102,8 +105,40 @@ def test_generate_stats_reports_speed_and_memory(capsys):
     assert "25 tokens/sec" in printed
     assert "Time: 2.00 sec" in printed
     assert "GB" in printed
-    with pytest.raises(ValueError):
-        generate_stats(out, None, start, start)
+
+
+@pytest.mark.parametrize("elapsed", [0.0, -0.5])
+def test_generate_stats_without_elapsed_time_prints_instead_of_raising(elapsed, capsys):
+    # A run too short for the clock (or a wall clock that stepped back)
+    out = torch.zeros(1, 3, dtype=torch.long)
+    stats = generate_stats(out, None, 10.0, 10.0 + elapsed)
+    assert stats["time_s"] == 0.0 and stats["num_tokens"] == 3
+    assert math.isnan(stats["tokens_per_sec"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "Time: 0.00 sec"
+    assert lines[1] == "n/a tokens/sec (too short to time)"
+    assert lines[2].startswith("Peak process memory (RSS): ")
+
+
+def test_process_memory_peak_on_windows_and_without_resource(monkeypatch):
+    import psutil
+
+    real = psutil.Process().memory_info()
+
+    class Info:  # what psutil reports on Windows: the peak working set
+        rss = real.rss
+        peak_wset = real.rss * 2
+
+    class FakeProcess:
+        def memory_info(self):
+            return Info()
+
+    monkeypatch.setattr(psutil, "Process", FakeProcess)
+    assert generation.process_memory_bytes() == (real.rss, real.rss * 2)
+    # Neither peak_wset nor `resource`: the current figure stands in
+    del Info.peak_wset
+    monkeypatch.setitem(sys.modules, "resource", None)
+    assert generation.process_memory_bytes() == (real.rss, real.rss)
 
 
 @pytest.fixture(scope="module")

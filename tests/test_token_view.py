@@ -8,11 +8,10 @@ import pytest
 import torch
 from _view_fixtures import load_tokenizer, standin_files, tiny_model
 
+from utils.streaming import Utf8StreamDecoder, decode_bytes
 from utils.token_view import (
     TopK,
-    Utf8StreamDecoder,
     append_next_token,
-    decode_bytes,
     figure_png,
     plot_top_k,
     render_html,

@@ -143,6 +143,21 @@ def test_vocab_and_added_tokens(hf_tok: Tokenizer) -> None:
     ] * 12
 
 
+def test_token_id_constants_match_the_tokenizer(hf_tok: Tokenizer) -> None:
+    assert hf_tok.token_to_id("<|endoftext|>") == qt.ENDOFTEXT_ID == 151643
+    assert hf_tok.token_to_id("<|im_start|>") == qt.IM_START_ID == 151644
+    assert hf_tok.token_to_id("<|im_end|>") == qt.IM_END_ID == 151645
+    assert qt.TOKENIZER_VOCAB_SIZE == hf_tok.get_vocab_size(with_added_tokens=True)
+
+
+def test_byte_table_round_trips_and_is_printable() -> None:
+    table = qt.byte_to_unicode()
+    assert sorted(table) == list(range(256))
+    assert all(c.isprintable() and not c.isspace() for c in table.values())
+    assert qt.unicode_to_byte() == {c: b for b, c in table.items()}
+    assert table[ord(" ")] == "\u0120" and table[ord("A")] == "A"  # GPT-2's Ġ
+
+
 def test_skip_special_tokens_keeps_non_special_added(hf_tok: Tokenizer) -> None:
     ids = hf_tok.encode("<|im_start|><think>x</think><|endoftext|>").ids
     assert ids[:2] == [151644, 151667] and ids[-2:] == [151668, 151643]

@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from _view_fixtures import load_tokenizer, standin_files, tiny_model
+from _view_fixtures import load_tokenizer, standin_files, tiny_model, unknown_id_model
 
 from utils import widgets
 from utils.generation import generate_text_basic_stream_cache
@@ -113,7 +113,7 @@ def test_generation_panel_matches_generator(tok, model):
 
 
 def test_generation_panel_fast_toggle_state(tok, model):
-    from utils.token_view import fast_decode_available
+    from utils.streaming import fast_decode_available
 
     panel = widgets.generation_panel(model, tok, PROMPT, plain=False)
     assert panel.fast_box.disabled is (not fast_decode_available())
@@ -165,8 +165,22 @@ def test_generation_panel_reports_errors_in_the_panel(tok, model):
 def test_generation_panel_plain_streams_and_prints_stats(tok, model, capsys):
     assert widgets.generation_panel(model, tok, PROMPT, max_new_tokens=5) is None
     out = capsys.readouterr().out
-    from utils.token_view import decode_bytes
+    from utils.streaming import decode_bytes
 
     text = decode_bytes(tok, reference_ids(model, tok, PROMPT, 5))
     assert out.startswith(text)
     assert "tokens/sec" in out and "Time:" in out
+
+
+def test_panel_and_next_token_view_show_unknown_ids(tok):
+    model = unknown_id_model()
+    panel = widgets.generation_panel(model, tok, PROMPT, max_new_tokens=4, plain=False)
+    panel.start()
+    assert panel.wait(timeout=60) and panel.error is None
+    assert len(panel.token_ids) == 4
+    assert panel.text == "".join(f"<unk:{i}>" for i in panel.token_ids)
+    assert "&lt;unk:1517" in panel.output.value
+    view = widgets.next_token_view(model, tok, PROMPT, k=3, plain=False)
+    assert view.topk.pieces[0] == f"<unk:{view.topk.ids[0]}>"
+    view.step_button.click()  # an unknown id can be appended and shown
+    assert "&lt;unk:" in view.text_html.value

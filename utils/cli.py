@@ -1,12 +1,14 @@
 """Command line: `qwen3-generate` (one prompt) and `qwen3-chat` (a REPL).
 
 Both load the book's Qwen3 0.6B files through `utils.download` (stand-ins with
-QWEN3_STANDIN=1), stream text as it is generated and decode it with
-`utils.token_view.Utf8StreamDecoder`, so a character split across tokens is
-printed only once it is complete. Generated text goes to stdout; progress,
-the stand-in banner and per-answer statistics go to stderr. Bad input ends
-with one `<prog>: error: ...` line on stderr and exit status 2 (1 for
-failures while running), never a traceback.
+QWEN3_STANDIN=1) and stream text with `utils.streaming.stream_generation`, so
+a character split across tokens is printed only once it is complete and an id
+the tokenizer does not know shows as `<unk:ID>`. Generated text goes to
+stdout; progress, the stand-in banner and per-answer statistics go to stderr.
+Bad input ends with one `<prog>: error: ...` line on stderr (a failed download
+adds its list of sources and what to try) and exit status 2 (1 for failures
+while running), never a traceback. In the chat, a line that cannot be read or
+encoded is reported and skipped; the conversation goes on.
 
     python -m utils.cli generate --prompt "Explain large language models."
     python -m utils.cli chat --think
@@ -17,14 +19,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from utils.errors import first_line
+from utils.qwen3_tokenizer import IM_END_ID
+
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
-IM_END_ID = 151645
 EMPTY_THINK = "<think>\n\n</think>\n\n"
 
 
@@ -117,7 +120,7 @@ def _resolve_device(name: str) -> Any:
 
 
 def _check_fast(fast: bool, cache: bool) -> None:
-    from utils.token_view import fast_decode_available
+    from utils.streaming import fast_decode_available
 
     if fast and not fast_decode_available():
         raise CliError(
@@ -126,11 +129,6 @@ def _check_fast(fast: bool, cache: bool) -> None:
         )
     if fast and not cache:
         raise CliError("--fast always uses its static KV cache; drop --no-cache.")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _files(args: argparse.Namespace, kind: str) -> tuple[Path, Path, bool]:
@@ -148,17 +146,21 @@ def _files(args: argparse.Namespace, kind: str) -> tuple[Path, Path, bool]:
             with contextlib.redirect_stdout(sys.stderr):
                 print_standin_banner()
         return args.tokenizer_file, args.model_file, standin
-    from utils.download import download_qwen3_small
+    from utils.download import DownloadError, download_qwen3_small
 
     try:
         with contextlib.redirect_stdout(sys.stderr):
             files = download_qwen3_small(kind, out_dir=args.out_dir)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    except DownloadError as exc:  # its sources and hints are the useful part
+        raise CliError(
+            f"could not get the {kind} model files into {args.out_dir}/:\n{exc}"
+        ) from None
     except Exception as exc:  # network, disk: say what failed in one line
         raise CliError(
             f"could not get the {kind} model files into {args.out_dir}/: "
-            f"{_first_line(exc)}"
+            f"{first_line(exc)}"
         ) from None
     assert files.model is not None
     return files.tokenizer, files.model, files.standin
@@ -174,7 +176,7 @@ def load(args: argparse.Namespace, kind: str, **tokenizer_kwargs: Any) -> Loaded
         Qwen3Tokenizer,
     )
 
-    from utils.token_view import GreedyStreamer
+    from utils.streaming import GreedyStreamer
 
     device = _resolve_device(args.device)
     _check_fast(args.fast, args.cache)
@@ -183,7 +185,7 @@ def load(args: argparse.Namespace, kind: str, **tokenizer_kwargs: Any) -> Loaded
         tokenizer = Qwen3Tokenizer(str(tok_path), **tokenizer_kwargs)
     except Exception as exc:
         raise CliError(
-            f"could not read the tokenizer file {tok_path} ({_first_line(exc)}); "
+            f"could not read the tokenizer file {tok_path} ({first_line(exc)}); "
             "delete it and run again to download it again."
         ) from None
     _status(f"Loading {model_path} ...")
@@ -196,7 +198,7 @@ def load(args: argparse.Namespace, kind: str, **tokenizer_kwargs: Any) -> Loaded
     except Exception as exc:
         raise CliError(
             f"could not load the model weights from {model_path} "
-            f"({_first_line(exc)}); the file is damaged or not a Qwen3 0.6B "
+            f"({first_line(exc)}); the file is damaged or not a Qwen3 0.6B "
             "checkpoint: delete it and run again to download it again."
         ) from None
     return Loaded(tokenizer, model, device, GreedyStreamer(model), standin)
@@ -213,7 +215,7 @@ def _run(prog: str, body: Callable[[], int]) -> int:
         print(f"\n{prog}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # last resort: still no traceback
-        print(f"{prog}: error: {_first_line(exc)}", file=sys.stderr)
+        print(f"{prog}: error: {first_line(exc)}", file=sys.stderr)
         return 1
 
 
@@ -255,10 +257,7 @@ def _generate(argv: Sequence[str] | None) -> int:
     if args.thinking and not args.reasoning:
         raise CliError("--thinking only applies with --reasoning.")
 
-    import torch
-
-    from utils.generation import check_generation_inputs, generate_stats
-    from utils.token_view import Utf8StreamDecoder
+    from utils.streaming import stream_generation
 
     kind = "reasoning" if args.reasoning else "base"
     tok_kwargs = {}
@@ -270,44 +269,38 @@ def _generate(argv: Sequence[str] | None) -> int:
         )
     run = load(args, kind, **tok_kwargs)
     tokenizer = run.tokenizer
-    ids = torch.tensor([tokenizer.encode(args.prompt)], device=run.device)
     try:
-        check_generation_inputs(run.model, ids, args.max_new_tokens)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
+        prompt_ids = tokenizer.encode(args.prompt)
+    except Exception as exc:  # e.g. bytes that are not UTF-8 in the argument
+        raise CliError(f"could not encode the prompt ({first_line(exc)}).") from None
     if args.compile:
         _status("Compiling: the first tokens take a while ...")
-
-    decoder = Utf8StreamDecoder(tokenizer)
-    out: list[int] = []
-    out_stream = sys.stdout
-    start = time.time()
     try:
-        for token_id in run.streamer.stream(
-            ids,
+        result = stream_generation(
+            run.streamer,
+            tokenizer,
+            prompt_ids,
             args.max_new_tokens,
             tokenizer.eos_token_id,
+            _write_stdout,
             cache=args.cache,
             compile=args.compile,
             fast=args.fast,
-        ):
-            out.append(token_id)
-            out_stream.write(decoder.feed(token_id))
-            out_stream.flush()
-    except KeyboardInterrupt:
+            device=run.device,
+            stats="print",
+        )
+    except ValueError as exc:  # the prompt does not fit: checked before any work
+        raise CliError(str(exc)) from None
+    if result.interrupted:
         _status("\n[stopped]")
-    if run.device.type == "cuda":
-        torch.cuda.synchronize()
-    end = time.time()
-    out_stream.write(decoder.flush())
-    out_stream.flush()
-    if out:
-        generate_stats(torch.tensor(out, device=run.device), tokenizer, start, end)
-    else:
-        print("\n\nNo tokens generated (the model ended the text at once).")
     if args.print_ids:
-        print("Token ids:", " ".join(map(str, out)))
+        print("Token ids:", " ".join(map(str, result.token_ids)))
     return 0
+
+
+def _write_stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def generate_main(argv: Sequence[str] | None = None) -> int:
@@ -366,11 +359,15 @@ class ChatSession:
         """Generate the answer to `user_text`, passing text pieces to `write`;
         returns counts. Ctrl-C ends the answer early and keeps what was said.
         Raises CliError (conversation unchanged) when it cannot fit."""
-        import torch
+        from utils.streaming import stream_generation
 
-        from utils.token_view import Utf8StreamDecoder
-
-        prompt = self.encode(self.render(user_text))
+        try:
+            prompt = self.encode(self.render(user_text))
+        except Exception as exc:  # e.g. text the tokenizer cannot take
+            raise CliError(
+                f"could not encode that message ({first_line(exc)}); "
+                "it was not sent, type another one."
+            ) from None
         room = self.context_length - len(prompt)
         if room < 1:
             raise CliError(
@@ -379,35 +376,30 @@ class ChatSession:
                 "(or send a shorter message)."
             )
         budget = min(self.max_new_tokens, room)
-        ids = torch.tensor([prompt], device=self.device)
-        decoder = Utf8StreamDecoder(self.tokenizer)
-        answer: list[int] = []
-        stopped = None
-        start = time.perf_counter()
-        try:
-            for token_id in self.streamer.stream(
-                ids,
-                budget,
-                IM_END_ID,
-                cache=self.cache,
-                compile=self.compile,
-                fast=self.fast,
-            ):
-                answer.append(token_id)
-                write(decoder.feed(token_id))
-        except KeyboardInterrupt:
-            stopped = "stopped"
-        elapsed = time.perf_counter() - start
-        write(decoder.flush())
+        result = stream_generation(
+            self.streamer,
+            self.tokenizer,
+            prompt,
+            budget,
+            IM_END_ID,
+            write,
+            cache=self.cache,
+            compile=self.compile,
+            fast=self.fast,
+            device=self.device,
+        )
+        answer = result.token_ids
+        stopped = "stopped" if result.interrupted else None
         if stopped is None and len(answer) == budget and budget < self.max_new_tokens:
             stopped = "context length reached"
+        # The tokenizer's own decode (it drops ids it does not know)
         text = self.tokenizer.decode(answer)
         content = text.split("</think>")[-1].lstrip("\n")
         self.messages += [("user", user_text), ("assistant", content)]
         return {
             "prompt_tokens": len(prompt),
             "answer_tokens": len(answer),
-            "tokens_per_sec": len(answer) / elapsed if elapsed > 0 else 0.0,
+            "tokens_per_sec": result.tokens_per_sec,
             "stopped": stopped,
         }
 
@@ -442,15 +434,39 @@ CHAT_HELP = (
 )
 
 
+class BadLine(Exception):
+    """A line of input that could not be read as text."""
+
+
 def _read_line(stdin: TextIO, prompt: str) -> str | None:
-    """One line from stdin (None at end of input); prompts only on a tty."""
+    """One line from stdin (None at end of input); prompts only on a tty.
+    Raises BadLine for bytes that are not UTF-8 (the next line reads fine)."""
     if stdin.isatty():
         try:
             return input(prompt)
         except EOFError:
             return None
-    line = stdin.readline()
-    return None if line == "" else line.rstrip("\r\n")
+        except UnicodeDecodeError as exc:
+            raise BadLine(_bad_bytes(exc)) from None
+    raw = getattr(stdin, "buffer", None)
+    if raw is None:  # a text-only stream (tests): already decoded
+        line = stdin.readline()
+        return None if line == "" else line.rstrip("\r\n")
+    data = raw.readline()
+    if data == b"":
+        return None
+    try:
+        return data.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        raise BadLine(_bad_bytes(exc)) from None
+
+
+def _bad_bytes(exc: UnicodeDecodeError) -> str:
+    bad = exc.object[exc.start : exc.end]
+    return (
+        f"that line is not UTF-8 text (bytes {bad!r} at position {exc.start}); "
+        "it was skipped. Set the terminal to UTF-8 and type it again."
+    )
 
 
 def _show_history(session: ChatSession, out: TextIO) -> None:
@@ -497,6 +513,9 @@ def _chat(argv: Sequence[str] | None) -> int:
             line = _read_line(sys.stdin, "You: ")
         except KeyboardInterrupt:
             _status("\n(Ctrl-D or /quit leaves)")
+            continue
+        except BadLine as exc:
+            _status(f"qwen3-chat: {exc}")
             continue
         if line is None:
             break

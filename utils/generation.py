@@ -8,7 +8,7 @@ and memory the way the book's Table 2.1 does.
 
 from __future__ import annotations
 
-import resource
+import math
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -111,14 +111,26 @@ def generate_text_basic_stream_cache(
 
 
 def process_memory_bytes() -> tuple[int, int]:
-    """(current, peak) resident memory of this process in bytes (CPU runs)."""
+    """(current, peak) resident memory of this process in bytes (CPU runs).
+
+    The peak comes from Windows' peak working set or Unix `getrusage`; where
+    neither exists, the current figure stands in for it.
+    """
     import psutil
 
-    current = psutil.Process().memory_info().rss
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    # Linux reports kilobytes, macOS bytes
-    peak = peak if sys.platform == "darwin" else peak * 1024
-    return current, max(peak, current)
+    info = psutil.Process().memory_info()
+    current = info.rss
+    peak = getattr(info, "peak_wset", None)  # Windows only
+    if peak is None:
+        try:
+            import resource  # Unix only
+        except ImportError:
+            peak = current
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            # Linux reports kilobytes, macOS bytes
+            peak = peak if sys.platform == "darwin" else peak * 1024
+    return current, max(int(peak), current)
 
 
 def _accelerator_backend(device: torch.device):
@@ -146,6 +158,13 @@ def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
     return process_memory_bytes()[1], "Peak process memory (RSS)"
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for queued work on CUDA/XPU/MPS (no-op on CPU), before timing."""
+    backend = _accelerator_backend(device)
+    if backend is not None:
+        backend.synchronize()
+
+
 def reset_peak_memory(device: torch.device) -> None:
     """Start a fresh peak-memory measurement on CUDA/XPU (no-op elsewhere)."""
     backend = _accelerator_backend(device)
@@ -161,24 +180,27 @@ def generate_stats(
     quiet: bool = False,
 ) -> dict[str, Any]:
     """Print (unless quiet) and return time, tokens/sec and peak memory for
-    one generation run, as in the book's Table 2.1."""
-    total_time = end_time - start_time
-    if total_time <= 0:
-        raise ValueError("end_time must be later than start_time")
+    one generation run, as in the book's Table 2.1. A run too short for the
+    clock (no elapsed time) reports the speed as NaN instead of failing."""
+    total_time = max(end_time - start_time, 0.0)
     num_tokens = int(output_token_ids.numel())
     device = output_token_ids.device
     mem_bytes, mem_label = peak_memory_bytes(device)
+    rate = num_tokens / total_time if total_time > 0 else math.nan
     stats = {
         "time_s": total_time,
         "num_tokens": num_tokens,
-        "tokens_per_sec": num_tokens / total_time,
+        "tokens_per_sec": rate,
         "peak_mem_bytes": mem_bytes,
         "memory_kind": mem_label,
         "device": str(device),
     }
     if not quiet:
         print(f"\n\nTime: {total_time:.2f} sec")
-        print(f"{int(stats['tokens_per_sec'])} tokens/sec")
+        if math.isfinite(rate):
+            print(f"{int(rate)} tokens/sec")
+        else:
+            print("n/a tokens/sec (too short to time)")
         print(f"{mem_label}: {mem_bytes / 1024**3:.2f} GB")
     reset_peak_memory(device)
     return stats

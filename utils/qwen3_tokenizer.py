@@ -12,6 +12,7 @@ segmentation as tiktoken's "merge the lowest-ranked pair first" rule.
 from __future__ import annotations
 
 import base64
+import functools
 import importlib.util
 import json
 from pathlib import Path
@@ -56,6 +57,16 @@ NON_SPECIAL_ADDED_TOKENS = (
     "</tool_response>",
     "<think>",
     "</think>",
+)
+
+# Ids of the control tokens the code needs (positions in the tuple above)
+ENDOFTEXT_ID = NUM_BPE_TOKENS + SPECIAL_TOKENS.index("<|endoftext|>")  # 151643
+IM_START_ID = NUM_BPE_TOKENS + SPECIAL_TOKENS.index("<|im_start|>")  # 151644
+IM_END_ID = NUM_BPE_TOKENS + SPECIAL_TOKENS.index("<|im_end|>")  # 151645
+# Ids the tokenizer knows (151669); the model's output head has more rows
+# (151936), so a model can produce an id no tokenizer can decode.
+TOKENIZER_VOCAB_SIZE = (
+    NUM_BPE_TOKENS + len(SPECIAL_TOKENS) + len(NON_SPECIAL_ADDED_TOKENS)
 )
 
 _INSTALL_HINT = (
@@ -151,7 +162,8 @@ def recover_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     return merges
 
 
-def _byte_to_unicode() -> dict[int, str]:
+@functools.lru_cache(maxsize=1)
+def byte_to_unicode() -> dict[int, str]:
     """GPT-2's byte-level alphabet: printable bytes stand for themselves, the
     other 68 bytes map to code points from 256 on, so every string is visible."""
     keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
@@ -164,13 +176,19 @@ def _byte_to_unicode() -> dict[int, str]:
     return table
 
 
+@functools.lru_cache(maxsize=1)
+def unicode_to_byte() -> dict[str, int]:
+    """The inverse of `byte_to_unicode`: a vocabulary character -> its byte."""
+    return {char: b for b, char in byte_to_unicode().items()}
+
+
 def build_qwen3_tokenizer_dict(ranks: dict[bytes, int] | None = None) -> dict[str, Any]:
     """The Qwen3 `tokenizer.json` content as a dict (ranks default to Qwen's)."""
     if ranks is None:
         ranks = load_qwen_ranks()
     if sorted(ranks.values()) != list(range(len(ranks))):
         raise ValueError("ranks must be the ids 0..N-1, each used exactly once")
-    alphabet = _byte_to_unicode()
+    alphabet = byte_to_unicode()
 
     def visible(token: bytes) -> str:
         return "".join(alphabet[b] for b in token)

@@ -5,8 +5,7 @@ keeps each token's raw bytes. Byte-level BPE can cut a multi-byte UTF-8
 character (a Chinese character, an emoji) across two tokens; decoding such a
 token on its own gives a replacement character, so the pieces here show the
 undecodable bytes honestly as escapes such as ``\\xe4\\xbd`` instead.
-`Utf8StreamDecoder` applies the same idea to streamed generation: it holds back
-an incomplete character until the token that completes it arrives.
+(`utils.streaming` applies the same idea to streamed generation.)
 
 `top_k_next_tokens` and `append_next_token` show the model's next-token
 distribution and take one greedy (or hand-picked) step; `plot_top_k` draws it.
@@ -14,40 +13,23 @@ distribution and take one greedy (or hand-picked) step; `plot_top_k` draws it.
 
 from __future__ import annotations
 
-import codecs
-import functools
 import html
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from utils.qwen3_tokenizer import unicode_to_byte
 
 # --------------------------------------------------------------------------
 # Token ids -> raw bytes
 # --------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
-    """Inverse of byte-level BPE's byte -> printable character table.
-
-    Byte-level BPE (GPT-2, Qwen) stores every byte as a printable character:
-    printable Latin-1 bytes stand for themselves, the other 68 bytes are moved
-    to code points 256, 257, ... in byte order.
-    """
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    table = {chr(b): b for b in printable}
-    shifted = 0
-    for b in range(256):
-        if b not in printable:
-            table[chr(256 + shifted)] = b
-            shifted += 1
-    return table
+def unknown_piece(token_id: int) -> str:
+    """How an id outside the tokenizer's vocabulary is shown: ``<unk:ID>``."""
+    return f"<unk:{int(token_id)}>"
 
 
 def _backend(tokenizer: Any) -> Any:
@@ -79,7 +61,8 @@ class TokenBytes:
         """Added tokens (<|im_start|>, <think>, ...) are matched whole, not BPE."""
         return int(token_id) in self._added
 
-    def __call__(self, token_id: int) -> bytes:
+    def get(self, token_id: int) -> bytes | None:
+        """The token's bytes, or None for an id the tokenizer does not know."""
         token_id = int(token_id)
         raw = self._cache.get(token_id)
         if raw is None:
@@ -88,13 +71,19 @@ class TokenBytes:
             else:
                 piece = self._tok.id_to_token(token_id)
                 if piece is None:
-                    raise ValueError(
-                        f"Token id {token_id} is not in the tokenizer's vocabulary "
-                        f"(size {self._tok.get_vocab_size()})."
-                    )
-                table = _byte_decoder()
+                    return None
+                table = unicode_to_byte()
                 raw = bytes(table[ch] for ch in piece)
             self._cache[token_id] = raw
+        return raw
+
+    def __call__(self, token_id: int) -> bytes:
+        raw = self.get(token_id)
+        if raw is None:
+            raise ValueError(
+                f"Token id {int(token_id)} is not in the tokenizer's vocabulary "
+                f"(size {self._tok.get_vocab_size()})."
+            )
         return raw
 
 
@@ -227,40 +216,6 @@ def render_html(spans: Sequence[TokenSpan], show_ids: bool = True) -> str:
 
 
 # --------------------------------------------------------------------------
-# Streaming decode
-# --------------------------------------------------------------------------
-
-
-class Utf8StreamDecoder:
-    """Turn a stream of token ids into text without broken characters.
-
-    Bytes of a character cut across tokens are held back until the rest
-    arrives; bytes that can never form a character come out as ``\\xNN``
-    escapes. `flush` returns whatever is still held at the end.
-    """
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._to_bytes = TokenBytes(tokenizer)
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
-
-    def feed(self, token_id: int) -> str:
-        """Text that became complete with this token (may be empty)."""
-        return self._decoder.decode(self._to_bytes(int(token_id)))
-
-    def flush(self) -> str:
-        """Any held-back bytes, escaped, and a fresh start."""
-        rest = self._decoder.decode(b"", final=True)
-        self._decoder.reset()
-        return rest
-
-
-def decode_bytes(tokenizer: Any, token_ids: Sequence[int]) -> str:
-    """Decode ids like `Utf8StreamDecoder` does for the whole stream at once."""
-    to_bytes = TokenBytes(tokenizer)
-    return show_bytes(b"".join(to_bytes(int(i)) for i in token_ids))
-
-
-# --------------------------------------------------------------------------
 # Next-token distribution
 # --------------------------------------------------------------------------
 
@@ -325,9 +280,13 @@ def top_k_next_tokens(
     values, indices = torch.topk(probs, min(k, probs.numel()))
     to_bytes = TokenBytes(tokenizer)
     ids = [int(i) for i in indices]
+    raws = [to_bytes.get(i) for i in ids]
     return TopK(
         ids=ids,
-        pieces=[show_bytes(to_bytes(i)) for i in ids],
+        pieces=[
+            unknown_piece(i) if raw is None else show_bytes(raw)
+            for i, raw in zip(ids, raws, strict=True)
+        ],
         probs=[float(v) for v in values],
     )
 
@@ -381,91 +340,3 @@ def figure_png(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     return buf.getvalue()
-
-
-# --------------------------------------------------------------------------
-# Streaming generation (shared by the widgets and the command line)
-# --------------------------------------------------------------------------
-
-
-def fast_decode_available() -> bool:
-    """Whether the optional fast path `utils.fast_decode` is present."""
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec("utils.fast_decode") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-class GreedyStreamer:
-    """Streams greedy token ids from one model with the chosen decode path.
-
-    Variants are built on first use and kept: `compile` wraps the model in
-    `torch.compile` (compiling costs minutes once), `fast` uses
-    `utils.fast_decode` (static KV cache; `compile` then compiles its decode
-    step). The plain paths are `utils.generation`'s generators.
-    """
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-        self._compiled: torch.nn.Module | None = None
-        self._fast: Any = None
-        self._fast_compiled = False
-
-    def _fast_model(self, compile: bool) -> Any:
-        if not fast_decode_available():
-            raise RuntimeError(
-                "The fast path needs utils.fast_decode, which this checkout "
-                "does not have; run without the fast option."
-            )
-        from utils import fast_decode
-
-        if self._fast is None:
-            self._fast = fast_decode.FastQwen3.from_book_model(self.model)
-        if compile and not self._fast_compiled:
-            self._fast.compile_decode()
-            self._fast_compiled = True
-        return self._fast
-
-    def stream(
-        self,
-        token_ids: torch.Tensor,
-        max_new_tokens: int,
-        eos_token_id: int | None = None,
-        cache: bool = True,
-        compile: bool = False,
-        fast: bool = False,
-    ) -> Iterator[int]:
-        """Yield new token ids one at a time (batch of one), stopping at
-        `eos_token_id` without yielding it."""
-        from utils.generation import (
-            generate_text_basic_stream,
-            generate_text_basic_stream_cache,
-        )
-
-        if fast:
-            from utils import fast_decode
-
-            gen = fast_decode.generate(
-                self._fast_model(compile), token_ids, max_new_tokens, eos_token_id
-            )
-        else:
-            model = self.model
-            if compile:
-                if self._compiled is None:
-                    self._compiled = torch.compile(self.model)
-                model = self._compiled
-            fn = generate_text_basic_stream
-            if cache:
-                fn = generate_text_basic_stream_cache
-            gen = fn(model, token_ids, max_new_tokens, eos_token_id)
-        return _as_ints(gen)
-
-
-def _as_ints(gen: Iterator[torch.Tensor]) -> Iterator[int]:
-    try:
-        for token in gen:
-            yield int(token[0, 0])
-    finally:
-        gen.close()  # type: ignore[attr-defined]

@@ -156,12 +156,8 @@ class NextTokenView(_View):
 
     def refresh(self) -> None:
         """Recompute the top-k for the current ids and redraw."""
-        from utils.token_view import (
-            decode_bytes,
-            figure_png,
-            plot_top_k,
-            top_k_next_tokens,
-        )
+        from utils.streaming import decode_bytes
+        from utils.token_view import figure_png, plot_top_k, top_k_next_tokens
 
         self.topk = top_k_next_tokens(
             self.model, self.tokenizer, self.token_ids, self.k
@@ -236,7 +232,7 @@ class GenerationPanel(_View):
     ) -> None:
         import ipywidgets as w
 
-        from utils.token_view import GreedyStreamer, fast_decode_available
+        from utils.streaming import GreedyStreamer, fast_decode_available
 
         self.tokenizer = tokenizer
         self.eos_token_id = eos_token_id
@@ -319,68 +315,55 @@ class GenerationPanel(_View):
             self._thread.join(timeout)
         return not self.running
 
-    def _show(self, start: float, final: bool = False) -> None:
-        elapsed = max(time.perf_counter() - start, 1e-9)
+    def _show(self, elapsed: float, final: bool = False) -> None:
         n = len(self.token_ids)
+        rate = n / elapsed if elapsed > 0 else 0.0
         self.output.value = (
             f'<pre style="white-space:pre-wrap;margin:0">{html.escape(self.text)}</pre>'
         )
         state = "done" if final else "generating"
         if final and self._stop.is_set():
             state = "stopped"
-        self.status.value = f"{state}: {n} tokens, {n / elapsed:.1f} tokens/sec"
+        self.status.value = f"{state}: {n} tokens, {rate:.1f} tokens/sec"
 
     def _work(self) -> None:
-        import torch
-
-        from utils.generation import generate_stats, reset_peak_memory
-        from utils.token_view import Utf8StreamDecoder
+        from utils.errors import first_line
+        from utils.streaming import stream_generation
 
         start = time.perf_counter()
+        last = start - self.UPDATE_EVERY_S  # show the first piece at once
+
+        def write(piece: str) -> None:
+            nonlocal last
+            self.text += piece
+            now = time.perf_counter()
+            if now - last >= self.UPDATE_EVERY_S:
+                self._show(now - start)
+                last = now
+
         try:
-            device = next(self.streamer.model.parameters()).device
-            ids = torch.tensor([self.tokenizer.encode(self.prompt_box.value)])
-            ids = ids.to(device)
-            reset_peak_memory(device)
-            decoder = Utf8StreamDecoder(self.tokenizer)
-            stream = self.streamer.stream(
-                ids,
+            result = stream_generation(
+                self.streamer,
+                self.tokenizer,
+                self.tokenizer.encode(self.prompt_box.value),
                 int(self.max_tokens.value),
                 self.eos_token_id,
+                write,
                 cache=self.cache_box.value,
                 compile=self.compile_box.value,
                 fast=self.fast_box.value,
+                should_stop=self._stop.is_set,
+                on_token=self.token_ids.append,
+                stats="quiet",
             )
-            t0, last = time.time(), 0.0
-            start = time.perf_counter()
-            try:
-                for token_id in stream:
-                    self.token_ids.append(token_id)
-                    self.text += decoder.feed(token_id)
-                    now = time.perf_counter()
-                    if now - last >= self.UPDATE_EVERY_S:
-                        self._show(start)
-                        last = now
-                    if self._stop.is_set():
-                        break
-            finally:
-                stream.close()
-            self.text += decoder.flush()
-            if self.token_ids:
-                self.stats = generate_stats(
-                    torch.tensor(self.token_ids, device=device),
-                    self.tokenizer,
-                    t0,
-                    max(time.time(), t0 + 1e-9),
-                    quiet=True,
-                )
-            self._show(start, final=True)
+            self.stats = result.stats
+            self._show(result.elapsed_s, final=True)
             if self.stats:
                 gb = self.stats["peak_mem_bytes"] / 1024**3
                 self.status.value += f"; {self.stats['memory_kind']}: {gb:.2f} GB"
         except Exception as exc:  # shown in the panel; the thread must not die
             self.error = f"{type(exc).__name__}: {exc}"
-            self.status.value = f"error: {self.error}"
+            self.status.value = f"error: {first_line(exc)}"
         finally:
             self.generate_button.disabled = False
             self.stop_button.disabled = True
@@ -398,30 +381,22 @@ def generation_panel(
     """A live generation panel; plain mode streams the text with `print` and
     then prints time, tokens/sec and memory (`utils.generation.generate_stats`).
     `eos_token_id` defaults to the tokenizer's."""
-    import torch
-
-    from utils.generation import check_generation_inputs, generate_stats
-    from utils.token_view import GreedyStreamer, Utf8StreamDecoder
+    from utils.streaming import GreedyStreamer, stream_generation
 
     if eos_token_id is None:
         eos_token_id = getattr(tokenizer, "eos_token_id", None)
     if widgets_enabled(plain):
         return GenerationPanel(model, tokenizer, prompt, max_new_tokens, eos_token_id)
-    device = next(model.parameters()).device
-    ids = torch.tensor([tokenizer.encode(prompt)], device=device)
-    check_generation_inputs(model, ids, max_new_tokens)
-    decoder = Utf8StreamDecoder(tokenizer)
-    out: list[int] = []
-    start = time.time()
-    for token_id in GreedyStreamer(model).stream(
-        ids, max_new_tokens, eos_token_id, cache=cache
-    ):
-        out.append(token_id)
-        print(decoder.feed(token_id), end="", flush=True)
-    end = time.time()
-    print(decoder.flush(), end="")
-    if out:
-        generate_stats(torch.tensor(out, device=device), tokenizer, start, end)
+    stream_generation(
+        GreedyStreamer(model),
+        tokenizer,
+        tokenizer.encode(prompt),
+        max_new_tokens,
+        eos_token_id,
+        lambda piece: print(piece, end="", flush=True),
+        cache=cache,
+        stats="print",
+    )
     return None
 
 

@@ -1,0 +1,266 @@
+"""Stream greedy generation as text: the one loop behind the command line
+(`qwen3-generate`, `qwen3-chat`) and the notebook generation panel.
+
+`stream_generation` encodes nothing itself: it takes prompt ids, streams new
+token ids from a `GreedyStreamer` (book generators, `torch.compile`, or the
+`utils.fast_decode` path), turns them into text with `Utf8StreamDecoder` and
+hands each finished piece to a `write` callback. It times the run with the
+monotonic `time.perf_counter`, waiting for an asynchronous device (CUDA, XPU,
+MPS) to finish before reading the clock, and can print or return the book's
+statistics (`utils.generation.generate_stats`).
+
+Two things the loop survives instead of raising: Ctrl-C (the text so far is
+kept and the result says it was interrupted), and a token id the tokenizer
+does not know. The output head has 151,936 rows but the tokenizer only
+151,669 ids, so a model (random stand-in weights above all) can pick an id
+with no text; it is written visibly as ``<unk:151771>`` and generation goes on.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from utils.token_view import TokenBytes, unknown_piece
+
+
+class Utf8StreamDecoder:
+    """Turn a stream of token ids into text without broken characters.
+
+    Bytes of a character cut across tokens are held back until the rest
+    arrives; bytes that can never form a character come out as ``\\xNN``
+    escapes, and an id outside the vocabulary as ``<unk:ID>``. `flush`
+    returns whatever is still held at the end.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._to_bytes = TokenBytes(tokenizer)
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
+
+    def feed(self, token_id: int) -> str:
+        """Text that became complete with this token (may be empty)."""
+        raw = self._to_bytes.get(token_id)
+        if raw is None:  # no bytes: end any held-back character, show the id
+            return self.flush() + unknown_piece(token_id)
+        return self._decoder.decode(raw)
+
+    def flush(self) -> str:
+        """Any held-back bytes, escaped, and a fresh start."""
+        rest = self._decoder.decode(b"", final=True)
+        self._decoder.reset()
+        return rest
+
+
+def decode_bytes(tokenizer: Any, token_ids: Sequence[int]) -> str:
+    """Decode ids as `Utf8StreamDecoder` does, for the whole stream at once."""
+    decoder = Utf8StreamDecoder(tokenizer)
+    return "".join(decoder.feed(int(i)) for i in token_ids) + decoder.flush()
+
+
+# --------------------------------------------------------------------------
+# Token ids from the chosen decode path
+# --------------------------------------------------------------------------
+
+
+def fast_decode_available() -> bool:
+    """Whether the optional fast path `utils.fast_decode` is present."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("utils.fast_decode") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class GreedyStreamer:
+    """Streams greedy token ids from one model with the chosen decode path.
+
+    Variants are built on first use and kept: `compile` wraps the model in
+    `torch.compile` (compiling costs minutes once), `fast` uses
+    `utils.fast_decode` (static KV cache; `compile` then compiles its decode
+    step). The plain paths are `utils.generation`'s generators.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self._compiled: torch.nn.Module | None = None
+        self._fast: Any = None
+        self._fast_compiled = False
+
+    def _fast_model(self, compile: bool) -> Any:
+        if not fast_decode_available():
+            raise RuntimeError(
+                "The fast path needs utils.fast_decode, which this checkout "
+                "does not have; run without the fast option."
+            )
+        from utils import fast_decode
+
+        if self._fast is None:
+            self._fast = fast_decode.FastQwen3.from_book_model(self.model)
+        if compile and not self._fast_compiled:
+            self._fast.compile_decode()
+            self._fast_compiled = True
+        return self._fast
+
+    def stream(
+        self,
+        token_ids: torch.Tensor,
+        max_new_tokens: int,
+        eos_token_id: int | None = None,
+        cache: bool = True,
+        compile: bool = False,
+        fast: bool = False,
+    ) -> Iterator[int]:
+        """Yield new token ids one at a time (batch of one), stopping at
+        `eos_token_id` without yielding it."""
+        from utils.generation import (
+            generate_text_basic_stream,
+            generate_text_basic_stream_cache,
+        )
+
+        if fast:
+            from utils import fast_decode
+
+            gen = fast_decode.generate(
+                self._fast_model(compile), token_ids, max_new_tokens, eos_token_id
+            )
+        else:
+            model = self.model
+            if compile:
+                if self._compiled is None:
+                    self._compiled = torch.compile(self.model)
+                model = self._compiled
+            fn = generate_text_basic_stream
+            if cache:
+                fn = generate_text_basic_stream_cache
+            gen = fn(model, token_ids, max_new_tokens, eos_token_id)
+        return _as_ints(gen)
+
+
+def _as_ints(gen: Iterator[torch.Tensor]) -> Iterator[int]:
+    try:
+        for token in gen:
+            yield int(token[0, 0])
+    finally:
+        gen.close()  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------
+# The loop
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class StreamResult:
+    """What one streamed generation produced and how long it took."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    elapsed_s: float = 0.0
+    interrupted: bool = False  # Ctrl-C ended it
+    stopped: bool = False  # `should_stop` ended it
+    stats: dict[str, Any] | None = None  # generate_stats, when asked for
+
+    @property
+    def tokens_per_sec(self) -> float:
+        """Generated tokens per second; 0.0 when no time was measured."""
+        if self.elapsed_s <= 0:
+            return 0.0
+        return len(self.token_ids) / self.elapsed_s
+
+
+def _model_device(streamer: Any) -> torch.device:
+    model = getattr(streamer, "model", None)
+    if model is not None:
+        for param in model.parameters():
+            return param.device
+    return torch.device("cpu")
+
+
+def stream_generation(
+    streamer: Any,
+    tokenizer: Any,
+    prompt_ids: Sequence[int] | torch.Tensor,
+    max_new_tokens: int,
+    eos_token_id: int | None = None,
+    write: Callable[[str], Any] | None = None,
+    *,
+    cache: bool = True,
+    compile: bool = False,
+    fast: bool = False,
+    device: torch.device | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    on_token: Callable[[int], Any] | None = None,
+    stats: str | None = None,
+) -> StreamResult:
+    """Generate greedily from `prompt_ids`, writing text pieces as they become
+    whole characters; return the ids, text, time and (`stats="print"` or
+    `"quiet"`) the book's statistics.
+
+    `on_token` sees each id before its text; `should_stop` is asked after each
+    token. Invalid inputs raise ValueError before anything is generated.
+    """
+    from utils.generation import (
+        check_generation_inputs,
+        generate_stats,
+        reset_peak_memory,
+        synchronize,
+    )
+
+    if stats not in (None, "print", "quiet"):
+        raise ValueError(f"stats must be None, 'print' or 'quiet', got {stats!r}")
+    device = device if device is not None else _model_device(streamer)
+    if isinstance(prompt_ids, torch.Tensor):
+        ids = prompt_ids.to(device)
+    else:
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
+    check_generation_inputs(getattr(streamer, "model", None), ids, max_new_tokens)
+
+    result = StreamResult()
+    decoder = Utf8StreamDecoder(tokenizer)
+
+    def emit(piece: str) -> None:
+        if piece:
+            result.text += piece
+            if write is not None:
+                write(piece)
+
+    reset_peak_memory(device)
+    start = time.perf_counter()
+    stream = streamer.stream(
+        ids, max_new_tokens, eos_token_id, cache=cache, compile=compile, fast=fast
+    )
+    try:
+        for token_id in stream:
+            result.token_ids.append(token_id)
+            if on_token is not None:
+                on_token(token_id)
+            emit(decoder.feed(token_id))
+            if should_stop is not None and should_stop():
+                result.stopped = True
+                break
+    except KeyboardInterrupt:
+        result.interrupted = True
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
+    synchronize(device)
+    result.elapsed_s = time.perf_counter() - start
+    emit(decoder.flush())
+
+    if stats is not None:
+        quiet = stats == "quiet"
+        if result.token_ids:
+            out = torch.tensor(result.token_ids, device=device)
+            result.stats = generate_stats(
+                out, tokenizer, 0.0, result.elapsed_s, quiet=quiet
+            )
+        elif not quiet:
+            print("\n\nNo tokens generated (the model ended the text at once).")
+    return result
