@@ -634,7 +634,8 @@ def test_requests_are_capped_even_while_bytes_arrive(
     hub, cdn, mirror = hosts
     hub.resources.clear()
     monkeypatch.setattr(download, "_MAX_REQUESTS", 2)
-    mirror.resources[MIRROR_PREFIX + TOK].drop_after = [70_000] * 1000  # > one 64 kB read
+    # each try brings one 64 kB read before the drop
+    mirror.resources[MIRROR_PREFIX + TOK].drop_after = [70_000] * 1000
     with pytest.raises(DownloadError):
         download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
     assert len(mirror.seen("GET", TOK)) == 2
