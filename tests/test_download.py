@@ -689,3 +689,151 @@ def test_timeout_setting(monkeypatch):
     for value, expected in [("60", 60.0), ("0.5", 0.5), ("x", 10.0), ("-1", 10.0)]:
         monkeypatch.setenv(download.TIMEOUT_ENV, value)
         assert download.download_timeout() == expected
+
+
+# --------------------------------------------------------------------------
+# Two processes, one folder; the Hub path across runs; Xet
+# --------------------------------------------------------------------------
+
+CHILD = """
+import sys
+from tests.tiny import tiny_config
+from utils import download
+download.MODEL_CONFIG = tiny_config()
+download.TOKENIZER_VOCAB = int(sys.argv[2])
+if sys.argv[3] == "die-after-transfer":
+    import os
+    download._hash_file = lambda path: os._exit(3)
+files = download.download_qwen3_small(
+    "base", tokenizer_only=sys.argv[4] == "tok", out_dir=sys.argv[1]
+)
+print("OK", files.tokenizer, files.model)
+"""
+
+
+def child_env(hub: FakeHost, mirror: FakeHost) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QWEN3_")}
+    env.update(
+        HF_ENDPOINT=hub.url,
+        QWEN3_BACKUP_URL=mirror.url + MIRROR_PREFIX.rstrip("/"),
+        HF_HUB_OFFLINE="0",
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+    )
+    return env
+
+
+def run_child(out: Path, env: dict, mode: str = "", what: str = "all"):
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(out), str(VOCAB), mode or "-", what],
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_two_processes_share_one_folder(hosts, payloads, tmp_path):
+    hub, cdn, mirror = hosts
+    hub.resources[HUB_PREFIX + TOK].delay = 0.3  # slow: the runs overlap
+    cdn.resources[f"/cdn/{MODEL}"].delay = 0.1
+    env = child_env(hub, mirror)
+    procs = [run_child(tmp_path, env) for _ in range(2)]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert all("OK" in out for out in outs)
+    assert any("waiting" in out for out in outs), outs
+    files = Qwen3Files(tmp_path / TOK, tmp_path / MODEL, standin=False)
+    assert_real(files, payloads)
+    assert len(hub.seen("GET", TOK)) == 1 and len(cdn.seen("GET", MODEL)) == 1
+    assert mirror.seen() == [] and leftovers(tmp_path) == []
+
+
+def test_hub_file_finished_before_a_kill_is_not_fetched_again(
+    hosts, payloads, tmp_path
+):
+    """A run killed after the transfer (while checking the file) leaves the
+    finished file in the library's staging folder; the next run installs it
+    without a second transfer and leaves no staging folder behind."""
+    hub, cdn, mirror = hosts
+    legacy = tmp_path / ".hub-staging-999999"  # from an earlier version
+    legacy.mkdir()
+    (legacy / "junk").write_bytes(b"x")
+    child = run_child(tmp_path, child_env(hub, mirror), "die-after-transfer", "tok")
+    out = child.communicate(timeout=240)[0]
+    assert child.returncode == 3, out
+    assert (tmp_path / f".{TOK}.hub" / TOK).read_bytes() == payloads[TOK]
+    stale = tmp_path / f".{TOK}.hub" / ".cache" / "x.incomplete"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_bytes(b"partial")  # what a kill mid-transfer leaves
+    files = download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
+    assert files.tokenizer.read_bytes() == payloads[TOK]
+    assert is_verified(files.tokenizer)
+    assert len(hub.seen("GET", TOK)) == 1  # the body was sent once in all
+    assert leftovers(tmp_path) == []  # staging, legacy folder and .part gone
+
+
+def test_hub_failure_mid_transfer_leaves_nothing(hosts, payloads, tmp_path):
+    hub, cdn, mirror = hosts
+    cdn.resources[f"/cdn/{MODEL}"].status = 500
+    mirror.resources.clear()
+    with pytest.raises(DownloadError):
+        download_qwen3_small("base", out_dir=tmp_path)
+    assert leftovers(tmp_path) == []
+
+
+def add_xet_headers(hub: FakeHost) -> None:
+    hub.resources[HUB_PREFIX + MODEL].headers.update(
+        {
+            "X-Xet-Hash": "a" * 64,
+            "X-Xet-Refresh-Route": "/api/models/rasbt/qwen3-from-scratch/xet-read-token/main",
+        }
+    )
+
+
+@pytest.mark.parametrize("disable", [None, "1"])
+def test_hf_hub_disable_xet_is_read_at_call_time(
+    hosts, payloads, tmp_path, monkeypatch, disable
+):
+    """Set after huggingface_hub was imported, HF_HUB_DISABLE_XET=1 still
+    turns Xet off; unset, the library's choice (Xet here) is left alone."""
+    hub, cdn, mirror = hosts
+    add_xet_headers(hub)
+    used_xet = []
+
+    def fake_xet_get(*, incomplete_path, **kwargs):
+        used_xet.append(kwargs["xet_file_data"].file_hash)
+        Path(incomplete_path).write_bytes(payloads[MODEL])
+
+    monkeypatch.setattr(huggingface_hub.file_download, "xet_get", fake_xet_get)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", False)
+    if disable:
+        monkeypatch.setenv("HF_HUB_DISABLE_XET", disable)
+    files = download_qwen3_small("base", out_dir=tmp_path)
+    assert_real(files, payloads)
+    assert mirror.seen() == []
+    if disable:
+        assert used_xet == [] and len(cdn.seen("GET", MODEL)) == 1
+    else:
+        assert used_xet == ["a" * 64] and cdn.seen("GET", MODEL) == []
+    assert huggingface_hub.constants.HF_HUB_DISABLE_XET is False  # restored
+
+
+def test_hub_server_ignoring_range_and_dropping_is_abandoned(
+    hosts, payloads, tmp_path, monkeypatch
+):
+    """huggingface_hub restarts from byte 0 as long as some bytes arrive; the
+    download gives up on the Hub after a few restarts and uses the mirror."""
+    hub, cdn, mirror = hosts
+    monkeypatch.setattr(huggingface_hub.constants, "DOWNLOAD_CHUNK_SIZE", 1 << 16)
+    monkeypatch.setattr(huggingface_hub.file_download.time, "sleep", lambda s: None)
+    res = cdn.resources[f"/cdn/{MODEL}"]
+    res.honour_range = False
+    res.drop_after = [300_000] * 1000
+    files = download_qwen3_small("base", out_dir=tmp_path)
+    assert_real(files, payloads)
+    assert len(cdn.seen("GET", MODEL)) <= download._MAX_STALLS + 1
+    assert len(mirror.seen("GET", MODEL)) == 1

@@ -540,6 +540,28 @@ def _xet_setting_from_env() -> Iterator[None]:
         constants.HF_HUB_DISABLE_XET = before
 
 
+def _bounded_bar() -> type:
+    """A huggingface_hub progress bar class that ends a transfer whose server
+    ignores HTTP Range and keeps dropping the connection: the library would
+    restart from byte 0 for as long as some bytes arrive each time."""
+    from huggingface_hub.utils import tqdm as hub_tqdm
+
+    class BoundedBar(hub_tqdm):
+        restarts = 0
+
+        def update(self, n: float | None = 1) -> bool | None:
+            if n is not None and n < 0:  # the library rewinds: a restart
+                self.restarts += 1
+                if self.restarts >= _MAX_STALLS:
+                    raise IntegrityError(
+                        f"the server ignores HTTP Range and dropped the "
+                        f"connection {self.restarts + 1} times; gave up"
+                    )
+            return super().update(n)
+
+    return BoundedBar
+
+
 def _from_hub(url: str, dest: Path, endpoint: str, timeout: float) -> str:
     """Fetch `dest.name` with huggingface_hub into `.<name>.hub/` beside it,
     check it against the size and ETag the Hub announced, then install it.
@@ -565,6 +587,7 @@ def _from_hub(url: str, dest: Path, endpoint: str, timeout: float) -> str:
                     local_dir=staging,
                     endpoint=endpoint,
                     etag_timeout=timeout,
+                    tqdm_class=_bounded_bar(),
                 )
             )
     except BaseException:
