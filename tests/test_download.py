@@ -789,7 +789,7 @@ def add_xet_headers(hub: FakeHost) -> None:
     hub.resources[HUB_PREFIX + MODEL].headers.update(
         {
             "X-Xet-Hash": "a" * 64,
-            "X-Xet-Refresh-Route": "/api/models/rasbt/qwen3-from-scratch/xet-read-token/main",
+            "X-Xet-Refresh-Route": f"/api/models/{download.REPO_ID}/xet-read-token",
         }
     )
 
