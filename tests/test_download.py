@@ -837,3 +837,40 @@ def test_hub_server_ignoring_range_and_dropping_is_abandoned(
     assert_real(files, payloads)
     assert len(cdn.seen("GET", MODEL)) <= download._MAX_STALLS + 1
     assert len(mirror.seen("GET", MODEL)) == 1
+
+
+def test_notebook_run_under_nbval_leaves_real_downloads_alone(
+    hosts, payloads, tmp_path, tmp_path_factory
+):
+    """What a reader does: real files in `qwen3/` next to a notebook, then
+    `uv run pytest` on it. The run (this repository's conftest, stand-ins
+    on) must pass and leave every byte of that folder as it was."""
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    notebook = root / "ch02" / "01_main-chapter-code" / "01_tokenizer.ipynb"
+    shutil.copy(notebook, folder)
+    real = folder / "qwen3"
+    download_qwen3_small("base", out_dir=real)
+    hub, cdn, mirror = hosts
+    reasoning = fake_tokenizer_json(VOCAB, salt="r")
+    serve_like_hub(hub, cdn, "tokenizer-reasoning.json", reasoning)
+    download_qwen3_small("reasoning", tokenizer_only=True, out_dir=real)
+    before = snapshot(real)
+    assert len([p for p in real.iterdir() if is_verified(p)]) == 3
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QWEN3_")}
+    env["PYTHONPATH"] = str(root)
+    env["QWEN3_STANDIN_CACHE"] = str(tmp_path_factory.getbasetemp() / "nb-cache")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider",
+         "-c", str(root / "pyproject.toml"), "--rootdir", str(root), "-q",
+         str(folder / notebook.name)],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "passed" in result.stdout
+    assert snapshot(real) == before
