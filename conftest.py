@@ -2,18 +2,28 @@
 
 This file sits at the repository root so pytest loads it for every run,
 including runs that collect only notebooks (`uv run pytest ch02/...ipynb`).
+Stand-in files go to a temporary folder this run owns (`QWEN3_STANDIN_DIR`),
+never to a `qwen3/` folder where a reader keeps real downloads.
 """
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+
+_OWN_STANDIN_DIR: list[str] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # Set before any notebook kernel starts, so nbval kernels inherit it too.
     os.environ.setdefault("QWEN3_STANDIN", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not os.environ.get("QWEN3_STANDIN_DIR"):
+        folder = tempfile.mkdtemp(prefix="qwen3-standin-files-")
+        _OWN_STANDIN_DIR.append(folder)
+        os.environ["QWEN3_STANDIN_DIR"] = folder
     # The sanitize file in addopts is relative to the repository root; make it
     # work when pytest is started from a subfolder too.
     sanitize = getattr(config.option, "nbval_sanitize_with", None)
@@ -21,3 +31,11 @@ def pytest_configure(config: pytest.Config) -> None:
         candidate = config.rootpath / sanitize
         if candidate.is_file():
             config.option.nbval_sanitize_with = str(candidate)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _OWN_STANDIN_DIR:
+        folder = _OWN_STANDIN_DIR.pop()
+        shutil.rmtree(folder, ignore_errors=True)
+        if os.environ.get("QWEN3_STANDIN_DIR") == folder:
+            del os.environ["QWEN3_STANDIN_DIR"]

@@ -5,7 +5,9 @@ of every request it saw."""
 from __future__ import annotations
 
 import hashlib
+import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -20,6 +22,7 @@ class Resource:
         this many body bytes; None entries serve normally.
     honour_range: answer Range requests with 206 (else always 200, full body).
     body: bytes actually sent (defaults to `data`), to play a lying server.
+    delay: seconds to pause after each 64 kB of body (a slow link).
     """
 
     data: bytes = b""
@@ -29,6 +32,7 @@ class Resource:
     drop_after: list[int | None] = field(default_factory=list)
     honour_range: bool = True
     body: bytes | None = None
+    delay: float = 0.0
 
 
 @dataclass
@@ -127,7 +131,13 @@ class FakeHost:
             h.wfile.flush()
             h.close_connection = True
             return
-        h.wfile.write(payload)
+        if not res.delay:
+            h.wfile.write(payload)
+            return
+        for i in range(0, len(payload), 1 << 16):
+            h.wfile.write(payload[i : i + (1 << 16)])
+            h.wfile.flush()
+            time.sleep(res.delay)
 
     @staticmethod
     def _send_empty(h: BaseHTTPRequestHandler, status: int, headers: dict) -> None:
@@ -136,6 +146,26 @@ class FakeHost:
             h.send_header(k, v)
         h.send_header("Content-Length", "0")
         h.end_headers()
+
+
+class SilentHost:
+    """A host that accepts TCP connections and never answers (a black hole
+    behind a firewall); use as a context manager."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)  # the kernel completes handshakes; nobody reads
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+
+    def __enter__(self) -> SilentHost:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._sock.close()
 
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -184,3 +214,39 @@ def serve_like_b2(mirror: FakeHost, name: str, data: bytes, large: bool) -> Reso
     res = Resource(data, headers)
     mirror.resources[MIRROR_PREFIX + name] = res
     return res
+
+
+def fake_tokenizer_json(vocab_size: int, salt: str = "") -> bytes:
+    """A tokenizer.json with `vocab_size` BPE entries followed by Qwen3's 26
+    added tokens: passes the download's content check when the expected
+    vocabulary size is set to `vocab_size`."""
+    import json
+
+    from utils.download import ADDED_TOKENS
+
+    data = {
+        "version": "1.0",
+        "added_tokens": [
+            {"id": vocab_size + i, "content": tok, "special": i < 14}
+            for i, tok in enumerate(ADDED_TOKENS)
+        ],
+        "model": {
+            "type": "BPE",
+            "vocab": {f"{salt}t{i}": i for i in range(vocab_size)},
+            "merges": [],
+        },
+    }
+    return json.dumps(data).encode()
+
+
+def fake_checkpoint(cfg: dict, seed: int = 0) -> bytes:
+    """The bytes of a `torch.save`d random state dict of `Qwen3Model(cfg)`."""
+    import io
+
+    import torch
+    from reasoning_from_scratch.qwen3 import Qwen3Model
+
+    torch.manual_seed(seed)
+    buf = io.BytesIO()
+    torch.save(Qwen3Model(cfg).state_dict(), buf)
+    return buf.getvalue()

@@ -16,10 +16,14 @@ from tests.fake_hosts import (
     MIRROR_PREFIX,
     FakeHost,
     Seen,
+    SilentHost,
+    fake_checkpoint,
+    fake_tokenizer_json,
     serve_like_b2,
     serve_like_hub,
 )
-from utils import standin
+from tests.tiny import tiny_config
+from utils import download, standin
 from utils.download import (
     KINDS,
     DownloadError,
@@ -29,18 +33,29 @@ from utils.download import (
 )
 
 TOK, MODEL = "tokenizer-base.json", "qwen3-0.6B-base.pth"
+VOCAB = 12_000  # the fake tokenizer's vocabulary (Qwen3: 151,643)
+TINY = tiny_config()
+
+
+@pytest.fixture(autouse=True)
+def tiny_expectations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Content checks expect the tiny model and the fake tokenizer's size."""
+    monkeypatch.setattr(download, "MODEL_CONFIG", TINY)
+    monkeypatch.setattr(download, "TOKENIZER_VOCAB", VOCAB)
+    monkeypatch.setattr(download, "_BACKOFF", 0.01)
 
 
 @pytest.fixture
 def payloads() -> dict[str, bytes]:
-    """Random stand-ins for the two files, a few hundred kB each."""
-    return {TOK: os.urandom(200_000), MODEL: os.urandom(600_003)}
+    """Files that pass the content checks, a few hundred kB each."""
+    return {TOK: fake_tokenizer_json(VOCAB), MODEL: fake_checkpoint(TINY)}
 
 
 @pytest.fixture
 def hosts(monkeypatch: pytest.MonkeyPatch, payloads: dict[str, bytes]):
     """Hub (+ its CDN) and mirror, both serving `payloads`; real mode, no xet."""
     monkeypatch.delenv("QWEN3_STANDIN", raising=False)
+    monkeypatch.delenv("HF_HUB_DISABLE_XET", raising=False)
 
     def no_xet(*args, **kwargs):
         raise AssertionError("plain HTTP servers must not trigger a xet download")
@@ -77,7 +92,10 @@ def leftovers(folder: Path) -> list[str]:
     return sorted(
         p.name
         for p in folder.iterdir()
-        if not (p.name in (TOK, MODEL) or p.name.endswith(".verified.json"))
+        if not (
+            p.name in (TOK, MODEL, download.LOCK_NAME)
+            or p.name.endswith(".verified.json")
+        )
     )
 
 
@@ -112,7 +130,7 @@ def test_verified_files_make_no_request(hosts, payloads, tmp_path, capsys):
 
 def test_tokenizer_only_and_reasoning_names(hosts, tmp_path):
     hub, cdn, mirror = hosts
-    data = b'{"model": "reasoning"}'
+    data = fake_tokenizer_json(VOCAB, salt="r")
     serve_like_hub(hub, cdn, "tokenizer-reasoning.json", data)
     files = download_qwen3_small("reasoning", tokenizer_only=True, out_dir=tmp_path)
     assert files.model is None and list(files) == [files.tokenizer]
@@ -207,7 +225,9 @@ def test_corrupt_hub_content_is_rejected(hosts, payloads, tmp_path, name):
         if name == TOK
         else cdn.resources[f"/cdn/{name}"]
     )
-    res.body = os.urandom(len(payloads[name]))
+    body = bytearray(payloads[name])
+    body[len(body) // 2] ^= 1  # one flipped bit, same size
+    res.body = bytes(body)
     files = download_qwen3_small("base", out_dir=tmp_path)
     assert_real(files, payloads)
     assert mirror.seen("GET", name) and not mirror.seen(
@@ -271,7 +291,7 @@ def test_everything_down_raises_one_clear_error(monkeypatch, tmp_path, capsys):
         f"{hub_url}/rasbt/qwen3-from-scratch/resolve/main/{TOK}",
         f"{mirror_url}/{TOK}",
     ]
-    assert list(tmp_path.iterdir()) == []
+    assert leftovers(tmp_path) == [] and not (tmp_path / TOK).exists()
 
 
 def test_lying_mirror_leaves_nothing_behind(hosts, payloads, tmp_path):
@@ -282,7 +302,7 @@ def test_lying_mirror_leaves_nothing_behind(hosts, payloads, tmp_path):
     mirror.resources[MIRROR_PREFIX + TOK].headers["x-bz-content-sha1"] = "0" * 40
     with pytest.raises(DownloadError, match="sha1"):
         download_qwen3_small("base", out_dir=tmp_path)
-    assert list(tmp_path.iterdir()) == []
+    assert leftovers(tmp_path) == [] and not (tmp_path / TOK).exists()
 
 
 def test_standin_found_in_real_mode_is_replaced(hosts, payloads, tmp_path):
@@ -325,35 +345,23 @@ def tiny_standin_weights(monkeypatch):
     return calls
 
 
-def test_standin_mode_makes_no_request(
-    hosts, tmp_path, monkeypatch, capsys, tiny_standin_weights
-):
-    monkeypatch.setenv("QWEN3_STANDIN", "1")
-    monkeypatch.setenv("QWEN3_STANDIN_CACHE", str(tmp_path / "cache"))
+def test_standin_mode_makes_no_request(hosts, tmp_path, capsys, standin_env):
     out = tmp_path / "qwen3"
     first = download_qwen3_small("base", out_dir=out)
     files = download_qwen3_small("base", out_dir=out)  # cheap: already stand-ins
     assert first == files
-    assert files == Qwen3Files(out / TOK, out / MODEL, standin=True)
+    assert files == Qwen3Files(standin_env / TOK, standin_env / MODEL, standin=True)
     assert all(standin.is_standin(p) and not is_verified(p) for p in files)
     assert standin.checkpoint_is_marked(files.model)
     assert all(h.seen() == [] for h in hosts)
     assert capsys.readouterr().out.count(standin.BANNER) == 2  # once per call
-    assert tiny_standin_weights == [out / MODEL]  # second call reused the files
+    assert not out.exists()  # the reader's folder is not even created
 
 
-def test_standin_mode_replaces_verified_real_files(
-    hosts, payloads, tmp_path, monkeypatch, tiny_standin_weights
-):
-    download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
-    assert is_verified(tmp_path / TOK)
-    monkeypatch.setenv("QWEN3_STANDIN", "1")
-    monkeypatch.setenv("QWEN3_STANDIN_CACHE", str(tmp_path / "cache"))
-    files = download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
-    assert files.standin and standin.is_standin(files.tokenizer)
-    assert not is_verified(files.tokenizer)
-    assert not (tmp_path / f".{TOK}.verified.json").exists()
-    assert files.tokenizer.read_bytes() != payloads[TOK]
+def test_standin_mode_builds_once(hosts, tmp_path, standin_env, tiny_standin_weights):
+    download_qwen3_small("base", out_dir=tmp_path / "a")
+    download_qwen3_small("base", out_dir=tmp_path / "b")
+    assert tiny_standin_weights == [standin_env / MODEL]  # second call reused it
 
 
 @pytest.mark.skipif(
@@ -375,3 +383,494 @@ def test_real_tokenizer_download(monkeypatch, tmp_path, source):
     ids = tok.encode("Hello, world!")
     assert tok.decode(ids) == "Hello, world!"
     assert tok.eos_token_id == 151643
+
+
+# --------------------------------------------------------------------------
+# Stand-ins never touch real files
+# --------------------------------------------------------------------------
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` with its bytes."""
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture
+def standin_env(tmp_path, monkeypatch, tiny_standin_weights):
+    """Stand-in mode with its own cache and files folder."""
+    monkeypatch.setenv("QWEN3_STANDIN", "1")
+    monkeypatch.setenv(standin.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(standin.DIR_ENV, str(tmp_path / "standin-files"))
+    return tmp_path / "standin-files"
+
+
+def test_standin_call_leaves_real_downloads_alone(
+    hosts, payloads, tmp_path, monkeypatch, capsys, tiny_standin_weights
+):
+    real = tmp_path / "qwen3"
+    download_qwen3_small("base", out_dir=real)
+    before = snapshot(real)
+    assert is_verified(real / TOK) and is_verified(real / MODEL)
+    monkeypatch.setenv("QWEN3_STANDIN", "1")
+    monkeypatch.setenv(standin.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(standin.DIR_ENV, str(tmp_path / "standin-files"))
+    files = download_qwen3_small("base", out_dir=real)
+    assert files.standin and files.tokenizer.parent == tmp_path / "standin-files"
+    assert standin.is_standin(files.model) and standin.is_standin(files.tokenizer)
+    assert snapshot(real) == before  # byte for byte, nothing added or removed
+    assert is_verified(real / TOK) and is_verified(real / MODEL)
+    assert f"nothing in {real}/ was touched" in capsys.readouterr().out
+
+
+def test_standin_default_folder_is_in_the_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv(standin.DIR_ENV, raising=False)
+    monkeypatch.setenv(standin.CACHE_ENV, str(tmp_path / "c"))
+    assert standin.standin_files_dir() == tmp_path / "c" / "files"
+
+
+def test_standin_refuses_to_replace_a_verified_file(
+    hosts, payloads, tmp_path, monkeypatch, capsys, tiny_standin_weights
+):
+    """Even pointed at a folder of real downloads, stand-in mode refuses."""
+    real = tmp_path / "qwen3"
+    download_qwen3_small("base", out_dir=real)
+    before = snapshot(real)
+    capsys.readouterr()
+    monkeypatch.setenv("QWEN3_STANDIN", "1")
+    monkeypatch.setenv(standin.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(standin.DIR_ENV, str(real))
+    with pytest.raises(FileExistsError, match="verified real file"):
+        download_qwen3_small("base", out_dir=real)
+    for write in (standin.write_standin_tokenizer, standin.write_standin_weights):
+        name = TOK if write is standin.write_standin_tokenizer else MODEL
+        with pytest.raises(FileExistsError):
+            write(real / name, "base")
+    assert snapshot(real) == before
+    out = capsys.readouterr().out.splitlines()
+    refusals = [line for line in out if "will not replace" in line]
+    assert len(refusals) == 3 and str(real / TOK) in refusals[0]
+
+
+def test_copied_standin_checkpoint_is_still_recognised(tmp_path, monkeypatch):
+    monkeypatch.setenv(standin.CACHE_ENV, str(tmp_path / "cache"))
+    marked = standin.write_standin_weights(tmp_path / "a" / MODEL, "base", cfg=TINY)
+    copy = tmp_path / "b" / MODEL
+    copy.parent.mkdir()
+    copy.write_bytes(marked.read_bytes())  # the sidecar stays behind
+    assert not standin.sidecar_path(copy).exists()
+    assert standin.is_standin(copy)
+    plain = tmp_path / "plain.pth"
+    plain.write_bytes(fake_checkpoint(TINY))
+    assert not standin.is_standin(plain)
+    for junk in (b"", b"<html>portal</html>", b"PK\x03\x04 broken zip"):
+        plain.write_bytes(junk)
+        assert not standin.is_standin(plain)
+
+
+def test_copied_standin_prints_the_banner_in_cli_and_benchmark(
+    tmp_path, monkeypatch, capsys
+):
+    import argparse
+
+    import torch
+
+    from utils import benchmark, cli
+
+    monkeypatch.setenv(standin.CACHE_ENV, str(tmp_path / "cache"))
+    marked = standin.write_standin_weights(tmp_path / "a" / MODEL, "base", cfg=TINY)
+    copy = tmp_path / "b" / MODEL
+    copy.parent.mkdir()
+    copy.write_bytes(marked.read_bytes())
+    tok = tmp_path / "b" / TOK
+    tok.write_bytes(b"{}")
+    args = argparse.Namespace(model_file=copy, tokenizer_file=tok, out_dir=tmp_path)
+    assert cli._files(args, "base")[2] is True
+    assert standin.BANNER in capsys.readouterr().err
+    _, _, is_standin = benchmark.load_book_model(
+        torch.device("cpu"), torch.float32, model_path=copy, cfg=TINY
+    )
+    assert is_standin and standin.BANNER in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------
+# Content checks: nothing unverified is used
+# --------------------------------------------------------------------------
+
+PORTAL = b"<!DOCTYPE html><html><body>Please log in to the Wi-Fi</body></html>"
+
+
+@pytest.mark.parametrize(
+    "name, body, expected",
+    [
+        (MODEL, PORTAL * 50, "HTML page"),
+        (TOK, PORTAL * 50, "HTML page"),
+        (TOK, b'{"error": "quota exceeded"}', "JSON error message (quota exceeded)"),
+        (MODEL, b'{"message": "Not found"}', "JSON error message"),
+        (MODEL, "truncate", "truncated"),
+        (TOK, "truncate", "truncated"),
+        (MODEL, "wrong-shape", "not the Qwen3 0.6B weights"),
+        (TOK, "wrong-vocab", "vocabulary has"),
+    ],
+)
+def test_mirror_without_hash_sending_the_wrong_thing_is_rejected(
+    hosts, payloads, tmp_path, name, body, expected
+):
+    """The Hub is down and the mirror announces no hash: the content check is
+    all that stands between the reader and a bogus file."""
+    hub, cdn, mirror = hosts
+    hub.resources.clear()
+    if body == "truncate":
+        body = payloads[name][: len(payloads[name]) // 2]
+    elif body == "wrong-shape":
+        body = fake_checkpoint(tiny_config(emb_dim=32, head_dim=8))
+    elif body == "wrong-vocab":
+        body = fake_tokenizer_json(VOCAB - 1)
+    mirror.resources[MIRROR_PREFIX + name] = download_res = serve_like_b2(
+        mirror, name, body, large=True
+    )
+    download_res.headers.clear()  # no hash announced, like a proxy's answer
+    with pytest.raises(DownloadError) as err:
+        download_qwen3_small("base", out_dir=tmp_path)
+    message = str(err.value)
+    assert f"{mirror.url}{MIRROR_PREFIX}{name}" in message
+    assert expected in message and "captive portal" in message
+    assert not (tmp_path / name).exists()
+    assert not (tmp_path / f".{name}.verified.json").exists()
+    assert not (tmp_path / f"{name}.part").exists()
+
+
+def test_hub_checkpoint_with_wrong_keys_is_rejected(hosts, payloads, tmp_path):
+    """Right hash for what the Hub announced, but not the book's model."""
+    hub, cdn, mirror = hosts
+    serve_like_hub(hub, cdn, MODEL, fake_checkpoint(tiny_config(n_layers=1)))
+    files = download_qwen3_small("base", out_dir=tmp_path)
+    assert_real(files, payloads)  # from the mirror instead
+    assert mirror.seen("GET", MODEL)
+    assert leftovers(tmp_path) == []
+
+
+def flip_byte_keep_mtime(path: Path) -> None:
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_mtime_ns == st.st_mtime_ns
+
+
+@pytest.mark.parametrize("name", [TOK, MODEL])
+def test_flipped_byte_after_verification_is_caught(hosts, payloads, tmp_path, name):
+    hub, cdn, mirror = hosts
+    download_qwen3_small("base", out_dir=tmp_path)
+    flip_byte_keep_mtime(tmp_path / name)
+    assert not is_verified(tmp_path / name)
+    files = download_qwen3_small("base", out_dir=tmp_path)
+    assert_real(files, payloads)
+
+
+def test_forged_or_old_records_lead_to_reverification(hosts, payloads, tmp_path):
+    hub, cdn, mirror = hosts
+    download_qwen3_small("base", out_dir=tmp_path)
+    record_file = tmp_path / f".{MODEL}.verified.json"
+    good = json.loads(record_file.read_text())
+    # forged: right size and times, wrong hash, written after the fact
+    record_file.write_text(json.dumps({**good, "sha256": "0" * 64, "ctime_ns": 1}))
+    assert not is_verified(tmp_path / MODEL)
+    # a record from the previous format (no times) with the right hash: the
+    # file is hashed and checked again, then the record is renewed
+    old = {k: good[k] for k in ("file", "size", "sha256")}
+    record_file.write_text(json.dumps({**old, "version": 1}))
+    gets = len(cdn.seen("GET"))
+    assert is_verified(tmp_path / MODEL)
+    renewed = json.loads(record_file.read_text())
+    assert renewed["version"] == download.RECORD_VERSION and "mtime_ns" in renewed
+    # touched (new time, same bytes): re-hashed, trusted, no download
+    os.utime(tmp_path / MODEL)
+    files = download_qwen3_small("base", out_dir=tmp_path)
+    assert_real(files, payloads)
+    assert len(cdn.seen("GET")) == gets
+
+
+def test_record_for_a_real_stand_in_shaped_file_is_not_trusted(
+    hosts, payloads, tmp_path, monkeypatch
+):
+    """A marked stand-in served as if real is refused by the content check."""
+    hub, cdn, mirror = hosts
+    monkeypatch.setenv(standin.CACHE_ENV, str(tmp_path / "cache"))
+    fake = standin.write_standin_weights(tmp_path / "w" / MODEL, "base", cfg=TINY)
+    serve_like_hub(hub, cdn, MODEL, fake.read_bytes())
+    files = download_qwen3_small("base", out_dir=tmp_path / "out")
+    assert_real(files, payloads)
+
+
+# --------------------------------------------------------------------------
+# Bounded retries and timeouts
+# --------------------------------------------------------------------------
+
+
+def test_server_ignoring_range_and_dropping_gives_up_after_few_requests(
+    hosts, payloads, tmp_path
+):
+    hub, cdn, mirror = hosts
+    hub.resources.clear()
+    res = mirror.resources[MIRROR_PREFIX + TOK]
+    res.honour_range = False
+    res.drop_after = [50_000] * 1000
+    with pytest.raises(DownloadError, match=TOK):
+        download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
+    gets = len(mirror.seen("GET", TOK))
+    assert 2 <= gets <= download._MAX_STALLS + 1, gets
+    assert not (tmp_path / TOK).exists()
+
+
+def test_requests_are_capped_even_while_bytes_arrive(
+    hosts, payloads, tmp_path, monkeypatch
+):
+    """A link that drops every few kB still makes progress; the cap ends it."""
+    hub, cdn, mirror = hosts
+    hub.resources.clear()
+    monkeypatch.setattr(download, "_MAX_REQUESTS", 2)
+    # each try brings one 64 kB read before the drop
+    mirror.resources[MIRROR_PREFIX + TOK].drop_after = [70_000] * 1000
+    with pytest.raises(DownloadError):
+        download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
+    assert len(mirror.seen("GET", TOK)) == 2
+
+
+def test_backoff_doubles(hosts, tmp_path, monkeypatch):
+    hub, cdn, mirror = hosts
+    hub.resources.clear()
+    pauses: list[float] = []
+    monkeypatch.setattr(download, "_BACKOFF", 1.0)
+    monkeypatch.setattr(download.time, "sleep", pauses.append)
+    with SilentHost() as silent:
+        monkeypatch.setenv(download.TIMEOUT_ENV, "0.2")
+        with pytest.raises(DownloadError):
+            download_qwen3_small(
+                "base", tokenizer_only=True, out_dir=tmp_path, backup_url=silent.url
+            )
+    assert pauses == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("where", ["hub", "mirror", "both"])
+def test_silent_hosts_fail_over_quickly(hosts, payloads, tmp_path, monkeypatch, where):
+    """A host that accepts connections and never answers costs at most a few
+    timeouts (QWEN3_DOWNLOAD_TIMEOUT; default 10 s: about 33 s per source)."""
+    import time
+
+    hub, cdn, mirror = hosts
+    monkeypatch.setenv(download.TIMEOUT_ENV, "0.5")
+    with SilentHost() as silent:
+        if where in ("hub", "both"):
+            monkeypatch.setenv("HF_ENDPOINT", silent.url)
+        backup = silent.url if where in ("mirror", "both") else None
+        start = time.monotonic()
+        if where == "both":
+            with pytest.raises(DownloadError):
+                download_qwen3_small(
+                    "base", tokenizer_only=True, out_dir=tmp_path, backup_url=backup
+                )
+        else:
+            files = download_qwen3_small(
+                "base", tokenizer_only=True, out_dir=tmp_path, backup_url=backup
+            )
+            assert files.tokenizer.read_bytes() == payloads[TOK]
+        elapsed = time.monotonic() - start
+    assert elapsed < 8, elapsed
+
+
+def test_timeout_setting(monkeypatch):
+    monkeypatch.delenv(download.TIMEOUT_ENV, raising=False)
+    assert download.download_timeout() == 10.0
+    for value, expected in [("60", 60.0), ("0.5", 0.5), ("x", 10.0), ("-1", 10.0)]:
+        monkeypatch.setenv(download.TIMEOUT_ENV, value)
+        assert download.download_timeout() == expected
+
+
+# --------------------------------------------------------------------------
+# Two processes, one folder; the Hub path across runs; Xet
+# --------------------------------------------------------------------------
+
+CHILD = """
+import sys
+from tests.tiny import tiny_config
+from utils import download
+download.MODEL_CONFIG = tiny_config()
+download.TOKENIZER_VOCAB = int(sys.argv[2])
+if sys.argv[3] == "die-after-transfer":
+    import os
+    download._hash_file = lambda path: os._exit(3)
+files = download.download_qwen3_small(
+    "base", tokenizer_only=sys.argv[4] == "tok", out_dir=sys.argv[1]
+)
+print("OK", files.tokenizer, files.model)
+"""
+
+
+def child_env(hub: FakeHost, mirror: FakeHost) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QWEN3_")}
+    env.update(
+        HF_ENDPOINT=hub.url,
+        QWEN3_BACKUP_URL=mirror.url + MIRROR_PREFIX.rstrip("/"),
+        HF_HUB_OFFLINE="0",
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+    )
+    return env
+
+
+def run_child(out: Path, env: dict, mode: str = "", what: str = "all"):
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(out), str(VOCAB), mode or "-", what],
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_two_processes_share_one_folder(hosts, payloads, tmp_path):
+    hub, cdn, mirror = hosts
+    hub.resources[HUB_PREFIX + TOK].delay = 0.3  # slow: the runs overlap
+    cdn.resources[f"/cdn/{MODEL}"].delay = 0.1
+    env = child_env(hub, mirror)
+    procs = [run_child(tmp_path, env) for _ in range(2)]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert all("OK" in out for out in outs)
+    assert any("waiting" in out for out in outs), outs
+    files = Qwen3Files(tmp_path / TOK, tmp_path / MODEL, standin=False)
+    assert_real(files, payloads)
+    assert len(hub.seen("GET", TOK)) == 1 and len(cdn.seen("GET", MODEL)) == 1
+    assert mirror.seen() == [] and leftovers(tmp_path) == []
+
+
+def test_hub_file_finished_before_a_kill_is_not_fetched_again(
+    hosts, payloads, tmp_path
+):
+    """A run killed after the transfer (while checking the file) leaves the
+    finished file in the library's staging folder; the next run installs it
+    without a second transfer and leaves no staging folder behind."""
+    hub, cdn, mirror = hosts
+    legacy = tmp_path / ".hub-staging-999999"  # from an earlier version
+    legacy.mkdir()
+    (legacy / "junk").write_bytes(b"x")
+    child = run_child(tmp_path, child_env(hub, mirror), "die-after-transfer", "tok")
+    out = child.communicate(timeout=240)[0]
+    assert child.returncode == 3, out
+    assert (tmp_path / f".{TOK}.hub" / TOK).read_bytes() == payloads[TOK]
+    stale = tmp_path / f".{TOK}.hub" / ".cache" / "x.incomplete"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_bytes(b"partial")  # what a kill mid-transfer leaves
+    files = download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
+    assert files.tokenizer.read_bytes() == payloads[TOK]
+    assert is_verified(files.tokenizer)
+    assert len(hub.seen("GET", TOK)) == 1  # the body was sent once in all
+    assert leftovers(tmp_path) == []  # staging, legacy folder and .part gone
+
+
+def test_hub_failure_mid_transfer_leaves_nothing(hosts, payloads, tmp_path):
+    hub, cdn, mirror = hosts
+    cdn.resources[f"/cdn/{MODEL}"].status = 500
+    mirror.resources.clear()
+    with pytest.raises(DownloadError):
+        download_qwen3_small("base", out_dir=tmp_path)
+    assert leftovers(tmp_path) == []
+
+
+def add_xet_headers(hub: FakeHost) -> None:
+    hub.resources[HUB_PREFIX + MODEL].headers.update(
+        {
+            "X-Xet-Hash": "a" * 64,
+            "X-Xet-Refresh-Route": f"/api/models/{download.REPO_ID}/xet-read-token",
+        }
+    )
+
+
+@pytest.mark.parametrize("disable", [None, "1"])
+def test_hf_hub_disable_xet_is_read_at_call_time(
+    hosts, payloads, tmp_path, monkeypatch, disable
+):
+    """Set after huggingface_hub was imported, HF_HUB_DISABLE_XET=1 still
+    turns Xet off; unset, the library's choice (Xet here) is left alone."""
+    hub, cdn, mirror = hosts
+    add_xet_headers(hub)
+    used_xet = []
+
+    def fake_xet_get(*, incomplete_path, **kwargs):
+        used_xet.append(kwargs["xet_file_data"].file_hash)
+        Path(incomplete_path).write_bytes(payloads[MODEL])
+
+    monkeypatch.setattr(huggingface_hub.file_download, "xet_get", fake_xet_get)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", False)
+    if disable:
+        monkeypatch.setenv("HF_HUB_DISABLE_XET", disable)
+    files = download_qwen3_small("base", out_dir=tmp_path)
+    assert_real(files, payloads)
+    assert mirror.seen() == []
+    if disable:
+        assert used_xet == [] and len(cdn.seen("GET", MODEL)) == 1
+    else:
+        assert used_xet == ["a" * 64] and cdn.seen("GET", MODEL) == []
+    assert huggingface_hub.constants.HF_HUB_DISABLE_XET is False  # restored
+
+
+def test_hub_server_ignoring_range_and_dropping_is_abandoned(
+    hosts, payloads, tmp_path, monkeypatch
+):
+    """huggingface_hub restarts from byte 0 as long as some bytes arrive; the
+    download gives up on the Hub after a few restarts and uses the mirror."""
+    hub, cdn, mirror = hosts
+    monkeypatch.setattr(huggingface_hub.constants, "DOWNLOAD_CHUNK_SIZE", 1 << 16)
+    monkeypatch.setattr(huggingface_hub.file_download.time, "sleep", lambda s: None)
+    res = cdn.resources[f"/cdn/{MODEL}"]
+    res.honour_range = False
+    res.drop_after = [300_000] * 1000
+    files = download_qwen3_small("base", out_dir=tmp_path)
+    assert_real(files, payloads)
+    assert len(cdn.seen("GET", MODEL)) <= download._MAX_STALLS + 1
+    assert len(mirror.seen("GET", MODEL)) == 1
+
+
+def test_notebook_run_under_nbval_leaves_real_downloads_alone(
+    hosts, payloads, tmp_path, tmp_path_factory
+):
+    """What a reader does: real files in `qwen3/` next to a notebook, then
+    `uv run pytest` on it. The run (this repository's conftest, stand-ins
+    on) must pass and leave every byte of that folder as it was."""
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    notebook = root / "ch02" / "01_main-chapter-code" / "01_tokenizer.ipynb"
+    shutil.copy(notebook, folder)
+    real = folder / "qwen3"
+    download_qwen3_small("base", out_dir=real)
+    hub, cdn, mirror = hosts
+    reasoning = fake_tokenizer_json(VOCAB, salt="r")
+    serve_like_hub(hub, cdn, "tokenizer-reasoning.json", reasoning)
+    download_qwen3_small("reasoning", tokenizer_only=True, out_dir=real)
+    before = snapshot(real)
+    assert len([p for p in real.iterdir() if is_verified(p)]) == 3
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QWEN3_")}
+    env["PYTHONPATH"] = str(root)
+    env["QWEN3_STANDIN_CACHE"] = str(tmp_path_factory.getbasetemp() / "nb-cache")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider",
+         "-c", str(root / "pyproject.toml"), "--rootdir", str(root), "-q",
+         str(folder / notebook.name)],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "passed" in result.stdout
+    assert snapshot(real) == before

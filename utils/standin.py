@@ -9,26 +9,33 @@ downloading:
   Same architecture, memory and speed as the real model, but the text it
   writes is gibberish.
 
-Every stand-in file gets a sidecar `<file>.STANDIN.json` on disk, the weights
-also carry the mark inside the checkpoint, and `print_standin_banner` says so
-whenever one is used. Builds are cached under `standin_cache_dir()` so a second
-call only links the cached file into place.
+Stand-ins never live where real downloads do: `download_qwen3_small` puts them
+in `standin_files_dir()` (env `QWEN3_STANDIN_DIR`, else a folder in the
+stand-in cache), whatever `out_dir` it is given, and no function here replaces a
+verified real download. Every stand-in file gets a sidecar
+`<file>.STANDIN.json`; the weights also carry the mark inside the checkpoint, so
+a copy without its sidecar is still recognised by `is_standin`, and
+`print_standin_banner` says so whenever one is used. Builds are cached under
+`standin_cache_dir()`; later calls only link the cached file into place.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from utils.fileio import atomic_output, atomic_place, atomic_write_bytes
+
+if TYPE_CHECKING:
+    import torch
 
 STANDIN_ENV = "QWEN3_STANDIN"
 CACHE_ENV = "QWEN3_STANDIN_CACHE"
+DIR_ENV = "QWEN3_STANDIN_DIR"
 SIDECAR_SUFFIX = ".STANDIN.json"
 MARK_KEY = "qwen3_standin"  # key in the checkpoint's `_metadata`
 FORMAT_VERSION = 2
@@ -54,6 +61,13 @@ def standin_cache_dir() -> Path:
     return Path(xdg) / "qwen3-ch02-standin"
 
 
+def standin_files_dir() -> Path:
+    """Where stand-in mode puts its files: `QWEN3_STANDIN_DIR`, else
+    `files/` in the stand-in cache; never a folder for real downloads."""
+    root = os.environ.get(DIR_ENV)
+    return Path(root) if root else standin_cache_dir() / "files"
+
+
 def sidecar_path(path: str | os.PathLike) -> Path:
     """The marker file that labels `path` as a stand-in."""
     path = Path(path)
@@ -61,8 +75,23 @@ def sidecar_path(path: str | os.PathLike) -> Path:
 
 
 def is_standin(path: str | os.PathLike) -> bool:
-    """Whether `path` is a stand-in file (its sidecar marker exists)."""
-    return sidecar_path(path).is_file()
+    """Whether `path` is a stand-in: its sidecar exists, or (for a checkpoint
+    copied without its sidecar) the mark inside the file says so."""
+    return sidecar_path(path).is_file() or checkpoint_is_marked(path)
+
+
+def refuse_to_replace_real(path: str | os.PathLike) -> None:
+    """Raise `FileExistsError` (after printing one line) if `path` is a
+    verified real download, so no stand-in can ever take its place."""
+    from utils.download import is_verified
+
+    if Path(path).is_file() and is_verified(path):
+        message = (
+            f"Stand-in mode will not replace the verified real file {path}; "
+            f"point {DIR_ENV} at another folder."
+        )
+        print(message)
+        raise FileExistsError(message)
 
 
 def print_standin_banner() -> None:
@@ -78,37 +107,7 @@ def _write_sidecar(path: Path, info: Mapping[str, Any]) -> None:
         "format_version": FORMAT_VERSION,
         **info,
     }
-    _atomic_write_bytes(sidecar_path(path), json.dumps(record, indent=2).encode())
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _place(cached: Path, dest: Path) -> None:
-    """Put a cached build at `dest`: a hard link when possible, else a copy.
-    The destination appears atomically (temp name, then rename)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.standin-tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        try:
-            os.link(cached, tmp)
-        except OSError:
-            shutil.copyfile(cached, tmp)
-        os.replace(tmp, dest)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(sidecar_path(path), json.dumps(record, indent=2).encode())
 
 
 # --------------------------------------------------------------------------
@@ -127,6 +126,7 @@ def standin_state_dict(cfg: Mapping[str, Any], seed: int) -> dict[str, torch.Ten
     widely and greedy decoding is stable across float formats. The text it
     produces is still gibberish.
     """
+    import torch
     from reasoning_from_scratch.qwen3 import Qwen3Model
 
     with torch.device("meta"):
@@ -159,28 +159,29 @@ def save_marked_state_dict(
     `load_state_dict` ignores, so the mark travels with the file itself."""
     from collections import OrderedDict
 
+    import torch
+
+    refuse_to_replace_real(path)
     sd = OrderedDict(state_dict)
     sd._metadata = OrderedDict({MARK_KEY: {"standin": True, "note": note}})  # type: ignore[attr-defined]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(
-        dir=path.parent, prefix=f".{path.name}.", suffix=".part"
-    )
-    os.close(fd)
-    os.chmod(name, 0o644)
-    tmp = Path(name)
-    try:
+    with atomic_output(path) as tmp:
         torch.save(sd, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def checkpoint_is_marked(path: str | os.PathLike) -> bool:
-    """Whether a .pth checkpoint carries the stand-in mark inside it."""
-    sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    """Whether `path` is a PyTorch checkpoint carrying the stand-in mark.
+    Cheap (memory-mapped, tensors are not read); False for any other file."""
+    import torch
+
+    try:
+        if not zipfile.is_zipfile(path):
+            return False
+        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - not a loadable checkpoint: not marked
+        return False
     meta = getattr(sd, "_metadata", None) or {}
-    return bool(meta.get(MARK_KEY, {}).get("standin"))
+    mark = meta.get(MARK_KEY) if isinstance(meta, Mapping) else None
+    return isinstance(mark, Mapping) and bool(mark.get("standin"))
 
 
 def write_standin_weights(
@@ -198,6 +199,7 @@ def write_standin_weights(
     if kind not in SEEDS:
         raise ValueError(f"kind must be 'base' or 'reasoning', got {kind!r}")
     path = Path(path)
+    refuse_to_replace_real(path)
     seed = SEEDS[kind]
     note = f"stand-in Qwen3 {kind} weights, seed {seed}"
     if cfg is None or dict(cfg) == QWEN_CONFIG_06_B:
@@ -206,7 +208,7 @@ def write_standin_weights(
             save_marked_state_dict(
                 standin_state_dict(QWEN_CONFIG_06_B, seed), cached, note
             )
-        _place(cached, path)
+        atomic_place(cached, path)
     else:
         save_marked_state_dict(standin_state_dict(cfg, seed), path, note)
     _write_sidecar(path, {"kind": kind, "seed": seed, "file": "weights"})
@@ -227,9 +229,10 @@ def write_standin_tokenizer(path: str | os.PathLike, kind: str = "base") -> Path
     if kind not in SEEDS:
         raise ValueError(f"kind must be 'base' or 'reasoning', got {kind!r}")
     path = Path(path)
+    refuse_to_replace_real(path)
     cached = standin_cache_dir() / f"v{FORMAT_VERSION}" / "tokenizer.json"
     if not cached.is_file():
-        _atomic_write_bytes(cached, build_qwen3_tokenizer_json().encode("utf-8"))
-    _place(cached, path)
+        atomic_write_bytes(cached, build_qwen3_tokenizer_json().encode("utf-8"))
+    atomic_place(cached, path)
     _write_sidecar(path, {"kind": kind, "file": "tokenizer"})
     return path
