@@ -7,67 +7,52 @@ real 0.6B shape only where that shape is the point (float32 and bf16).
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 import torch
 from reasoning_from_scratch.ch02 import generate_text_basic_stream_cache as book_gen
-from reasoning_from_scratch.qwen3 import (
-    QWEN_CONFIG_06_B,
-    KVCache,
-    Qwen3Model,
-    compute_rope_params,
-)
-from tiny import tiny_config
+from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, KVCache, Qwen3Model
+from tiny import PROMPT, book_model, tiny_config, tiny_state_dict, tokens
 
+from utils import cpu_matvec, fast_decode
 from utils.fast_decode import (
     FastQwen3,
-    Int8Linear,
     _FallbackCompiled,
     cache_length_for,
     decode_one_token,
     generate,
+    pick_faster,
     prefill,
-    quantize_int8,
 )
+from utils.quantize import Int8Linear, int8_agreement, quantize_int8
 from utils.standin import standin_state_dict, write_standin_weights
 
 TINY = tiny_config(context_length=512)
-PROMPT = torch.tensor([[1, 5, 7, 9, 11, 300]])
 
 
-def tiny_state_dict(seed: int = 0, cfg=TINY) -> dict[str, torch.Tensor]:
-    """Random weights large enough (std 0.1) that greedy text varies a lot,
-    which makes token-by-token comparisons meaningful."""
-    gen = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, t in standin_state_dict(cfg, seed).items():
-        noise = torch.randn(t.shape, generator=gen)
-        value = 1 + 0.1 * noise if name.endswith("scale") else 0.1 * noise
-        out[name] = value.to(cfg["dtype"])
-    return out
+@pytest.fixture(scope="module", autouse=True)
+def private_kernel_cache(tmp_path_factory):
+    """Build kernels into a temporary cache unless the run points elsewhere."""
+    with pytest.MonkeyPatch.context() as mp:
+        if not os.environ.get("QWEN3_KERNEL_CACHE"):
+            mp.setenv("QWEN3_KERNEL_CACHE", str(tmp_path_factory.mktemp("kernels")))
+        yield
 
 
-def book_model(state_dict, cfg) -> Qwen3Model:
-    """The book's model holding `state_dict` without a random init first."""
-    with torch.device("meta"):
-        model = Qwen3Model(cfg)
-    model.load_state_dict(state_dict, assign=True)
-    head_dim = cfg["head_dim"] or cfg["emb_dim"] // cfg["n_heads"]
-    model.cos, model.sin = compute_rope_params(
-        head_dim, theta_base=cfg["rope_base"], context_length=cfg["context_length"]
+def on_torchs_avx2_gemv() -> bool:
+    """Whether torch's bf16 F.linear takes its AVX2 ATen path here (where
+    the eager kernel must be in use), not oneDNN (AVX-512 BF16 CPUs)."""
+    return (
+        torch.backends.cpu.get_cpu_capability() in ("AVX2", "DEFAULT")
+        and not torch.ops.mkldnn._is_mkldnn_bf16_supported()
     )
-    return model.eval()
-
-
-def tokens(it) -> list[list[int]]:
-    out = list(it)
-    if not out:
-        return []
-    return torch.cat(out, dim=1).tolist()
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    book = book_model(tiny_state_dict(), TINY)
+    book = book_model(tiny_state_dict(0, TINY), TINY)
     return book, FastQwen3.from_book_model(book)
 
 
@@ -132,7 +117,7 @@ def test_state_dict_keys_and_weight_sharing(tiny):
 
 
 def test_load_state_dict_into_fresh_model_and_tied_head():
-    sd = tiny_state_dict(3)
+    sd = tiny_state_dict(3, TINY)
     book = book_model(sd, TINY)
     fast = FastQwen3(TINY)
     fast.load_state_dict(sd)
@@ -201,7 +186,7 @@ def test_invalid_inputs_raise_at_call_time(tiny):
 
 
 def test_compiled_decode_gives_the_eager_tokens():
-    sd = tiny_state_dict(1)
+    sd = tiny_state_dict(1, TINY)
     eager = FastQwen3.from_state_dict(TINY, sd)
     compiled = FastQwen3.from_state_dict(TINY, sd).compile_decode()
     want = tokens(generate(eager, PROMPT, 40))
@@ -235,7 +220,7 @@ def test_compile_failure_falls_back_to_eager(tiny, capsys):
 def test_int8_linear_is_close_to_the_float_layer():
     torch.manual_seed(0)
     lin = torch.nn.Linear(256, 96, bias=False)
-    q = Int8Linear(lin)
+    q = Int8Linear.from_linear(lin)
     assert q.weight_int8.dtype == torch.int8 and q.scales.shape == (96,)
     x = torch.randn(3, 5, 256)
     ref = lin(x)
@@ -285,6 +270,8 @@ def test_06b_float32_tokens_and_logits_match_book():
 
 
 def test_06b_bf16_standin_first_50_tokens_match_book(tmp_path):
+    """Exact on every CPU: eager uses the kernel only where it rounds like
+    torch (asserted on torch's AVX2 path), else torch's own F.linear."""
     path = write_standin_weights(tmp_path / "x.pth")
     sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     book = Qwen3Model(QWEN_CONFIG_06_B)
@@ -294,3 +281,60 @@ def test_06b_bf16_standin_first_50_tokens_match_book(tmp_path):
     prompt = torch.tensor([[9707, 11, 1246, 525, 498, 30]])  # any 6 token ids
     want = tokens(book_gen(book, prompt, 50))
     assert tokens(generate(fast, prompt, 50)) == want
+    if on_torchs_avx2_gemv() and cpu_matvec.get_kernels() is not None:
+        assert fast.cpu_matvec_active() and cpu_matvec.kernel_rounds_like_torch()
+
+
+def test_int8_agreement_figure_on_a_tiny_model():
+    cfg = tiny_config(context_length=512, dtype=torch.bfloat16)
+    sd = tiny_state_dict(4, cfg)
+    ref = FastQwen3.from_state_dict(cfg, sd)
+    same = int8_agreement(ref, FastQwen3.from_state_dict(cfg, sd), [PROMPT], 12)
+    assert same["token_agreement"] == 1.0 and same["logits_max_rel_error"] == 0.0
+    assert same["identical_continuations"] == 1.0 and same["steps"] == 12
+    q = quantize_int8(FastQwen3.from_state_dict(cfg, sd))
+    prompts = [PROMPT, torch.tensor([[42, 17, 3, 99]]), torch.tensor([[7, 8]])]
+    got = int8_agreement(ref, q, prompts, 20)
+    assert got["steps"] == 60
+    assert 0.8 <= got["token_agreement"] <= 1.0
+    assert 0.0 < got["logits_max_rel_error"] < 0.1
+
+
+def test_quantize_releases_each_bf16_weight_and_keeps_old_imports(tmp_path):
+    cfg = tiny_config(context_length=512, dtype=torch.bfloat16)
+    path = tmp_path / "tiny.pth"
+    torch.save(tiny_state_dict(5, cfg), path)
+    bf16 = FastQwen3.from_checkpoint(path, cfg)
+    q = FastQwen3.from_checkpoint(path, cfg, int8=True)
+    linear_types = {
+        type(m) for m in q.modules() if isinstance(m, (torch.nn.Linear, Int8Linear))
+    }
+    assert linear_types == {Int8Linear}
+    assert q.tok_emb.weight.dtype == torch.bfloat16  # embedding stays bf16
+    assert all(p.dtype != torch.bfloat16 or p.dim() < 2 for n, p in
+               q.named_parameters() if n != "tok_emb.weight")  # fmt: skip
+    got = int8_agreement(bf16, q, [PROMPT], 15)
+    assert got["token_agreement"] >= 0.8
+    assert fast_decode.quantize_int8 is quantize_int8  # moved, still importable
+    assert fast_decode.Int8Linear is Int8Linear
+
+
+def test_pick_faster_keeps_the_faster_step(monkeypatch):
+    cfg = tiny_config(context_length=512)
+    fast = FastQwen3.from_state_dict(cfg, tiny_state_dict(6, cfg))
+    want = tokens(generate(fast, PROMPT, 12))
+
+    def slow_step(*args):  # stands in for a compiled step that lost
+        time.sleep(0.05)
+        return fast_decode._decode_one_token_impl(*args)
+
+    slow = _FallbackCompiled(slow_step)
+    fast._decode_step = slow
+    result = pick_faster(fast, PROMPT, steps=3)
+    assert result["choice"] == "eager" and fast._decode_step is None
+    assert result["compiled_s"] > result["eager_s"]
+    fast.compile_decode()
+    result = pick_faster(fast, PROMPT, steps=3)
+    assert result["choice"] in ("eager", "compiled")
+    assert (fast._decode_step is not None) == (result["choice"] == "compiled")
+    assert tokens(generate(fast, PROMPT, 12)) == want

@@ -26,3 +26,44 @@ def tiny_config(**overrides: Any) -> dict[str, Any]:
         raise KeyError(f"not Qwen3 config keys: {sorted(unknown)}")
     cfg.update(overrides)
     return cfg
+
+
+# A prompt of six token ids for the generation tests
+PROMPT = torch.tensor([[1, 5, 7, 9, 11, 300]])
+
+
+def tiny_state_dict(seed: int = 0, cfg: dict[str, Any] | None = None) -> dict:
+    """Random weights (std 0.1) for `cfg` (default: tiny, context 512) large
+    enough that greedy text varies a lot, so token comparisons mean something."""
+    from utils.standin import standin_state_dict
+
+    cfg = cfg or tiny_config(context_length=512)
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, t in standin_state_dict(cfg, seed).items():
+        noise = torch.randn(t.shape, generator=gen)
+        value = 1 + 0.1 * noise if name.endswith("scale") else 0.1 * noise
+        out[name] = value.to(cfg["dtype"])
+    return out
+
+
+def book_model(state_dict: dict, cfg: dict[str, Any]) -> torch.nn.Module:
+    """The book's Qwen3Model holding `state_dict` without a random init."""
+    from reasoning_from_scratch.qwen3 import Qwen3Model, compute_rope_params
+
+    with torch.device("meta"):
+        model = Qwen3Model(cfg)
+    model.load_state_dict(state_dict, assign=True)
+    head_dim = cfg["head_dim"] or cfg["emb_dim"] // cfg["n_heads"]
+    model.cos, model.sin = compute_rope_params(
+        head_dim, theta_base=cfg["rope_base"], context_length=cfg["context_length"]
+    )
+    return model.eval()
+
+
+def tokens(stream) -> list[list[int]]:
+    """Collect a (batch, 1)-token stream into lists of ids per sequence."""
+    out = list(stream)
+    if not out:
+        return []
+    return torch.cat(out, dim=1).tolist()

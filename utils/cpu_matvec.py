@@ -2,23 +2,34 @@
 
 When one token is decoded, every linear layer is a matrix-vector product:
 each weight is read once and used for one multiply-add, so the speed is set
-by how fast the weights stream from memory. PyTorch's bf16 matmul on CPUs
-without AVX-512 (most laptops, many cloud VMs) stays well below that limit.
-The small C kernels here read bf16 (or int8) weights with AVX2, convert them
-to float32 in registers, accumulate in float32 (as PyTorch does) and round
-the result once. Each thread walks four far-apart rows at once and
-prefetches ahead, which keeps more memory requests in flight.
+by how fast the weights stream from memory. The small C kernels in
+`cpu_matvec.c` read bf16 (or int8) weights with AVX2, convert them to
+float32 in registers, accumulate in float32 and round the result once.
 
-Two bf16 kernels: `exact` adds in the same order as PyTorch's own AVX2 code,
-so its results are bit-identical to `F.linear` (eager decoding then gives
-the book's tokens exactly); the other, used inside torch.compile graphs,
-orders the additions for speed (float32 sums, so the difference is a rare
-last-bit change of the bf16 result).
+Two bf16 kernels: `exact` adds in the same order as PyTorch's own AVX2 code
+(ATen's bf16 dot), so where PyTorch takes that path its result is
+bit-identical to `F.linear`; the other, used inside torch.compile graphs,
+orders the additions for speed. Which path PyTorch takes depends on the CPU:
+on CPUs with AVX-512 (BF16) it calls oneDNN, which rounds differently. So
+eager code uses the exact kernel only where a one-time probe shows that
+`F.linear` gives the same bits (`kernel_rounds_like_torch`), and `F.linear`
+itself elsewhere: eager results always equal `F.linear`'s.
 
-The kernels are compiled with the system C compiler on first use (about a
-second) and cached under ~/.cache/qwen3-ch02/kernels (or $QWEN3_KERNEL_CACHE).
-Where that is impossible (no compiler, not x86-64 with AVX2) `get_kernels()`
-returns None, says why once, and callers use `F.linear` instead.
+Why ctypes and the system C compiler rather than
+`torch.utils.cpp_extension.load_inline`: the kernel is plain C (no torch
+headers), so it builds in about a second with any gcc or clang, without
+Python headers or ninja; a torch extension takes tens of seconds to build,
+and needs a C++ toolchain matching PyTorch's (MSVC on Windows). Windows,
+ARM (Apple silicon) and compilers that are missing simply get `F.linear`;
+Apple clang without OpenMP builds a single-threaded kernel.
+
+The library is built on first use and cached (see `kernel_cache_dir`) under
+a name that hashes the C file, the compiler (path and version) and the flags.
+It is only loaded from a folder that the user owns and nobody else may write,
+after its SHA-256 matches the record written at build time; a new build goes
+to a fresh file name and is renamed into place, so a library another process
+has mapped is never changed. Whatever goes wrong, `get_kernels()` returns
+None after one printed line, and callers use `F.linear`.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -42,271 +54,22 @@ __all__ = [
     "Kernels",
     "get_kernels",
     "kernel_cache_dir",
+    "kernel_rounds_like_torch",
     "linear",
     "int8_linear",
     "supports",
 ]
 
-# Rows per group each thread streams at once, and how far ahead (bytes) it
-# prefetches. Measured on a 2-core AVX2 EPYC VM: 1 row ~10 GB/s, 4 rows with
-# a 512-byte prefetch ~17.5 GB/s (about what torch's own `sum` reaches).
-_SOURCE = r"""
-#include <immintrin.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-/* from omp.h, declared here so no OpenMP headers are needed */
-int omp_get_thread_num(void);
-int omp_get_num_threads(void);
-
-#define PREFETCH_BYTES 512
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v),
-                          _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
+SOURCE = Path(__file__).with_name("cpu_matvec.c")
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-shared", "-fPIC"]
+_OPENMP = "-fopenmp"
+_ABI = 0x20000  # qwen3_matvec_abi() in cpu_matvec.c, plus 1 with OpenMP
+# entry point -> number of weight-side arrays (weight [, scales])
+_ENTRIES = {
+    "qwen3_matvec_bf16": 1,
+    "qwen3_matvec_bf16_exact": 1,
+    "qwen3_matvec_int8": 2,
 }
-
-static inline float from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* float32 -> bfloat16, round to nearest even (NaN stays NaN) */
-static inline uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static void store(void *y, int y_f32, long n, float v) {
-    if (y_f32) ((float *)y)[n] = v;
-    else ((uint16_t *)y)[n] = to_bf16(v);
-}
-
-static void load_x(const void *x, int x_f32, long k, float *out) {
-    if (x_f32) { memcpy(out, x, (size_t)k * 4); return; }
-    for (long i = 0; i < k; ++i) out[i] = from_bf16(((const uint16_t *)x)[i]);
-}
-
-/* Unpacking 16 bf16 values (one 256-bit load) interleaves the two 128-bit
-   lanes: the low unpack holds elements 0-3 and 8-11, the high one 4-7 and
-   12-15. Reordering x the same way once is cheaper than reordering w. */
-static void permute16(const float *xn, long k, float *xp) {
-    static const int order[16] = {0, 1, 2, 3, 8, 9, 10, 11,
-                                  4, 5, 6, 7, 12, 13, 14, 15};
-    for (long b = 0; b < k; b += 16)
-        for (int i = 0; i < 16; ++i) xp[b + i] = xn[b + order[i]];
-}
-
-static inline void bf16_fma(const uint16_t *p, __m256 xl, __m256 xh,
-                            __m256 *a, __m256 *b) {
-    const __m256i v = _mm256_loadu_si256((const __m256i *)p);
-    const __m256i z = _mm256_setzero_si256();
-    *a = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v)), xl, *a);
-    *b = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v)), xh, *b);
-}
-
-static inline void i8_fma(const int8_t *p, __m256 x0, __m256 x1,
-                          __m256 *a, __m256 *b) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)p);
-    const __m256i lo = _mm256_cvtepi8_epi32(v);
-    const __m256i hi = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v, v));
-    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), x0, *a);
-    *b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), x1, *b);
-}
-
-#define PF(p) _mm_prefetch((const char *)(p) + PREFETCH_BYTES, _MM_HINT_T0)
-
-/* Rows [lo, hi) of y = w x, four far-apart rows at a time. */
-static void rows_bf16(const float *xp, const void *wv, const float *unused,
-                      void *y, int y_f32, long lo, long hi, long k) {
-    const uint16_t *w = (const uint16_t *)wv;
-    (void)unused;
-    const long per = (hi - lo) / 4;
-    for (long j = 0; j < per; ++j) {
-        const uint16_t *r0 = w + (lo + j) * k, *r1 = w + (lo + per + j) * k;
-        const uint16_t *r2 = w + (lo + 2 * per + j) * k;
-        const uint16_t *r3 = w + (lo + 3 * per + j) * k;
-        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;
-        __m256 a2 = a0, b2 = a0, a3 = a0, b3 = a0;
-        for (long i = 0; i < k; i += 16) {
-            const __m256 xl = _mm256_loadu_ps(xp + i);
-            const __m256 xh = _mm256_loadu_ps(xp + i + 8);
-            PF(r0 + i); PF(r1 + i); PF(r2 + i); PF(r3 + i);
-            bf16_fma(r0 + i, xl, xh, &a0, &b0);
-            bf16_fma(r1 + i, xl, xh, &a1, &b1);
-            bf16_fma(r2 + i, xl, xh, &a2, &b2);
-            bf16_fma(r3 + i, xl, xh, &a3, &b3);
-        }
-        store(y, y_f32, lo + j, hsum(_mm256_add_ps(a0, b0)));
-        store(y, y_f32, lo + per + j, hsum(_mm256_add_ps(a1, b1)));
-        store(y, y_f32, lo + 2 * per + j, hsum(_mm256_add_ps(a2, b2)));
-        store(y, y_f32, lo + 3 * per + j, hsum(_mm256_add_ps(a3, b3)));
-    }
-    for (long n = lo + 4 * per; n < hi; ++n) {
-        const uint16_t *r = w + n * k;
-        __m256 a = _mm256_setzero_ps(), b = a;
-        for (long i = 0; i < k; i += 16)
-            bf16_fma(r + i, _mm256_loadu_ps(xp + i),
-                     _mm256_loadu_ps(xp + i + 8), &a, &b);
-        store(y, y_f32, n, hsum(_mm256_add_ps(a, b)));
-    }
-}
-
-static void rows_i8(const float *xn, const void *wv, const float *scale,
-                    void *y, int y_f32, long lo, long hi, long k) {
-    const int8_t *w = (const int8_t *)wv;
-    const long per = (hi - lo) / 4;
-    for (long j = 0; j < per; ++j) {
-        const long n0 = lo + j, n1 = n0 + per, n2 = n1 + per, n3 = n2 + per;
-        const int8_t *r0 = w + n0 * k, *r1 = w + n1 * k;
-        const int8_t *r2 = w + n2 * k, *r3 = w + n3 * k;
-        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;
-        __m256 a2 = a0, b2 = a0, a3 = a0, b3 = a0;
-        for (long i = 0; i < k; i += 16) {
-            const __m256 x0 = _mm256_loadu_ps(xn + i);
-            const __m256 x1 = _mm256_loadu_ps(xn + i + 8);
-            PF(r0 + i); PF(r1 + i); PF(r2 + i); PF(r3 + i);
-            i8_fma(r0 + i, x0, x1, &a0, &b0);
-            i8_fma(r1 + i, x0, x1, &a1, &b1);
-            i8_fma(r2 + i, x0, x1, &a2, &b2);
-            i8_fma(r3 + i, x0, x1, &a3, &b3);
-        }
-        store(y, y_f32, n0, hsum(_mm256_add_ps(a0, b0)) * scale[n0]);
-        store(y, y_f32, n1, hsum(_mm256_add_ps(a1, b1)) * scale[n1]);
-        store(y, y_f32, n2, hsum(_mm256_add_ps(a2, b2)) * scale[n2]);
-        store(y, y_f32, n3, hsum(_mm256_add_ps(a3, b3)) * scale[n3]);
-    }
-    for (long n = lo + 4 * per; n < hi; ++n) {
-        const int8_t *r = w + n * k;
-        __m256 a = _mm256_setzero_ps(), b = a;
-        for (long i = 0; i < k; i += 16)
-            i8_fma(r + i, _mm256_loadu_ps(xn + i),
-                   _mm256_loadu_ps(xn + i + 8), &a, &b);
-        store(y, y_f32, n, hsum(_mm256_add_ps(a, b)) * scale[n]);
-    }
-}
-
-/* Same sums, in the same order, as torch's bf16 matrix-vector product on
-   AVX2 CPUs (ATen's dot with float32 arithmetic): per row, eight 8-lane
-   float32 accumulators over blocks of 64 columns, accumulator 2p+h taking
-   columns 16p+8h .. 16p+8h+7 of each block; then accumulators summed
-   pairwise (i += i+4, i += i+2, i += i+1) and the lanes as
-   ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)). The result is bit-identical to
-   F.linear there, which keeps greedy decoding token-for-token with the book. */
-static inline __m256 bf16x8_natural(const uint16_t *p) {
-    const __m128i h = _mm_loadu_si128((const __m128i *)p);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-static inline float reduce_like_aten(__m256 *s) {
-    for (int i = 0; i < 4; ++i) s[i] = _mm256_add_ps(s[i], s[i + 4]);
-    for (int i = 0; i < 2; ++i) s[i] = _mm256_add_ps(s[i], s[i + 2]);
-    __m256 v = _mm256_add_ps(s[0], s[1]);
-    v = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 1));
-    v = _mm256_add_ps(v, _mm256_shuffle_ps(v, v, 0x4E));
-    v = _mm256_add_ps(v, _mm256_shuffle_ps(v, v, 0xB1));
-    return _mm256_cvtss_f32(v);
-}
-
-static inline void exact_block(const float *x, const uint16_t *r, __m256 *s) {
-    for (int p = 0; p < 8; ++p)
-        s[p] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8 * p),
-                               bf16x8_natural(r + 8 * p), s[p]);
-}
-
-static void rows_bf16_exact(const float *xn, const void *wv,
-                            const float *unused, void *y, int y_f32, long lo,
-                            long hi, long k) {
-    const uint16_t *w = (const uint16_t *)wv;
-    (void)unused;
-    const long per = (hi - lo) / 4;
-    for (long j = 0; j < per; ++j) {
-        const uint16_t *r[4];
-        __m256 s[4][8];
-        for (int q = 0; q < 4; ++q) {
-            r[q] = w + (lo + q * per + j) * k;
-            for (int p = 0; p < 8; ++p) s[q][p] = _mm256_setzero_ps();
-        }
-        for (long i = 0; i < k; i += 64)
-            for (int q = 0; q < 4; ++q) {
-                PF(r[q] + i); PF(r[q] + i + 32);
-                exact_block(xn + i, r[q] + i, s[q]);
-            }
-        for (int q = 0; q < 4; ++q)
-            store(y, y_f32, lo + q * per + j, reduce_like_aten(s[q]));
-    }
-    for (long n = lo + 4 * per; n < hi; ++n) {
-        __m256 s[8];
-        for (int p = 0; p < 8; ++p) s[p] = _mm256_setzero_ps();
-        for (long i = 0; i < k; i += 64) exact_block(xn + i, w + n * k + i, s);
-        store(y, y_f32, n, reduce_like_aten(s));
-    }
-}
-
-typedef void (*rows_fn)(const float *, const void *, const float *, void *,
-                        int, long, long, long);
-
-static int run(rows_fn fn, const float *xv, const void *w, const float *scale,
-               void *y, int y_f32, long n, long k, int threads) {
-    /* small matrices are not worth waking the other threads */
-    if (threads < 1 || n * k < (1L << 16)) threads = 1;
-    #pragma omp parallel num_threads(threads)
-    {
-        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        fn(xv, w, scale, y, y_f32, n * t / nt, n * (t + 1) / nt, k);
-    }
-    return 0;
-}
-
-/* y (n) = w (n, k) @ x (k); k must be a multiple of 16. Returns 0 on success. */
-int qwen3_matvec_bf16(const void *x, int x_f32, const uint16_t *w, void *y,
-                      int y_f32, long n, long k, int threads) {
-    if (k % 16) return 1;
-    float *xn = malloc((size_t)k * 8);
-    if (!xn) return 2;
-    load_x(x, x_f32, k, xn);
-    permute16(xn, k, xn + k);
-    run(rows_bf16, xn + k, w, NULL, y, y_f32, n, k, threads);
-    free(xn);
-    return 0;
-}
-
-/* As qwen3_matvec_bf16, rounding exactly like torch; k % 64 == 0. */
-int qwen3_matvec_bf16_exact(const void *x, int x_f32, const uint16_t *w,
-                            void *y, int y_f32, long n, long k, int threads) {
-    if (k % 64) return 1;
-    float *xn = malloc((size_t)k * 4);
-    if (!xn) return 2;
-    load_x(x, x_f32, k, xn);
-    run(rows_bf16_exact, xn, w, NULL, y, y_f32, n, k, threads);
-    free(xn);
-    return 0;
-}
-
-/* y (n) = (w (n, k) @ x (k)) * scale (n), int8 w, float32 scale. */
-int qwen3_matvec_int8(const void *x, int x_f32, const int8_t *w,
-                      const float *scale, void *y, int y_f32, long n, long k,
-                      int threads) {
-    if (k % 16) return 1;
-    float *xn = malloc((size_t)k * 4);
-    if (!xn) return 2;
-    load_x(x, x_f32, k, xn);
-    run(rows_i8, xn, w, scale, y, y_f32, n, k, threads);
-    free(xn);
-    return 0;
-}
-"""
-
-_FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 
 
 def kernel_cache_dir() -> Path:
@@ -314,14 +77,28 @@ def kernel_cache_dir() -> Path:
     env = os.environ.get("QWEN3_KERNEL_CACHE")
     if env:
         return Path(env).expanduser()
-    return Path.home() / ".cache" / "qwen3-ch02" / "kernels"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "qwen3-ch02" / "kernels"
 
 
 def _find_compiler() -> str | None:
     for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
+        found = shutil.which(name) if name else None
+        if found:
+            return os.path.realpath(found)
     return None
+
+
+def _compiler_id(compiler: str) -> str:
+    """The compiler's path and its version line (part of the cache key)."""
+    try:
+        proc = subprocess.run(
+            [compiler, "--version"], capture_output=True, text=True, timeout=30
+        )
+        version = (proc.stdout or proc.stderr).strip().splitlines()[:1]
+    except (OSError, subprocess.SubprocessError):
+        version = []
+    return f"{compiler} {version[0] if version else '?'}"
 
 
 def _unsupported_reason() -> str | None:
@@ -329,42 +106,54 @@ def _unsupported_reason() -> str | None:
         return f"needs an x86-64 CPU (this is {platform.machine()})"
     if platform.system() == "Windows":
         return "building the kernel with MSVC is not supported"
-    capability = torch.backends.cpu.get_cpu_capability()
-    if capability not in ("AVX2", "AVX512"):
-        return f"needs AVX2 (torch reports {capability})"
+    if not torch.cpu._is_avx2_supported():
+        return "needs a CPU with AVX2"
     return None
 
 
-def _build(cache_dir: Path) -> Path:
-    """Compile the kernel into `cache_dir` unless that exact build exists.
-    The library appears only complete (written elsewhere, then renamed)."""
-    compiler = _find_compiler()
-    if compiler is None:
+def _check_private_dir(path: Path) -> None:
+    """Refuse a folder that another user owns or may write into."""
+    info = path.stat()
+    getuid = getattr(os, "getuid", None)
+    if getuid is not None and info.st_uid != getuid():
         raise RuntimeError(
-            "no C compiler found (install gcc, e.g. `sudo apt install "
-            "build-essential`, or set CC)"
+            f"{path} belongs to another user; set QWEN3_KERNEL_CACHE to a "
+            "folder of your own"
         )
-    key = hashlib.sha256((_SOURCE + " ".join(_FLAGS)).encode()).hexdigest()[:16]
-    target = cache_dir / f"qwen3_matvec_{key}.so"
-    if target.exists():
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
-        src = Path(tmp) / "matvec.c"
-        src.write_text(_SOURCE)
-        out = Path(tmp) / target.name
-        proc = subprocess.run(
-            [compiler, *_FLAGS, str(src), "-o", str(out)],
-            capture_output=True,
-            text=True,
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise RuntimeError(
+            f"{path} is writable by other users (mode "
+            f"{stat.S_IMODE(info.st_mode):o}); run `chmod go-w {path}` or set "
+            "QWEN3_KERNEL_CACHE to a private folder"
         )
-        if proc.returncode != 0:
-            detail = (proc.stderr or proc.stdout).strip().splitlines()
-            raise RuntimeError(
-                f"{compiler} failed: {detail[0] if detail else proc.returncode}"
-            )
-        os.replace(out, target)
-    return target
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _record(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _verified(path: Path) -> bool:
+    """Whether `path` is the complete library its build recorded."""
+    try:
+        _check_private_dir(path)  # the file itself: ours, not writable by others
+        return _record(path).read_text().strip() == _sha256(path)
+    except (OSError, RuntimeError):
+        return False
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 @dataclass(frozen=True)
@@ -373,10 +162,33 @@ class Kernels:
 
     lib: ctypes.CDLL
     path: Path
+    openmp: bool
 
-    def _call(self, name: str, x: torch.Tensor, *arrays: torch.Tensor) -> torch.Tensor:
-        """Run kernel `name` on x (k,) and the (n, k) weight [+ scales]."""
-        n, k = arrays[0].shape
+    def matvec(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        scales: torch.Tensor | None = None,
+        *,
+        exact: bool = False,
+    ) -> torch.Tensor:
+        """`weight (n, k) @ x (k,)` -> (n,) in x's dtype (bf16 or float32).
+
+        bf16 weight: the fast kernel, or with `exact=True` the one that adds
+        like torch's AVX2 code (k % 64 == 0). int8 weight: times `scales`
+        (n,) float32 per row. Shapes, dtypes and contiguity are checked."""
+        if weight.dtype == torch.int8:
+            name, arrays = "qwen3_matvec_int8", (weight, scales)
+        elif weight.dtype == torch.bfloat16 and scales is None:
+            name = "qwen3_matvec_bf16_exact" if exact else "qwen3_matvec_bf16"
+            arrays = (weight,)
+        else:
+            raise ValueError(
+                "matvec takes a bf16 weight, or an int8 weight with scales; "
+                f"got a {weight.dtype} weight and scales {scales is not None}"
+            )
+        _check_operands(x, weight, scales, 64 if exact else 16)
+        n, k = weight.shape
         y = torch.empty(n, dtype=x.dtype)
         rc = getattr(self.lib, name)(
             x.data_ptr(), x.dtype == torch.float32,
@@ -388,31 +200,127 @@ class Kernels:
             raise RuntimeError(f"{name} failed with code {rc}")
         return y
 
-    def matvec_bf16(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """weight (n, k) bf16 @ x (k,) bf16/float32 -> (n,) in x's dtype."""
-        return self._call("qwen3_matvec_bf16", x, weight)
 
-    def matvec_bf16_exact(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """As `matvec_bf16`, bit-identical to torch's AVX2 result (k % 64 == 0)."""
-        return self._call("qwen3_matvec_bf16_exact", x, weight)
+def _check_operands(
+    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, multiple: int
+) -> None:
+    """ValueError unless the kernel can read these tensors safely."""
+    problems = []
+    for name, t in (("x", x), ("weight", weight), ("scales", scales)):
+        if t is not None and (t.device.type != "cpu" or not t.is_contiguous()):
+            problems.append(f"{name} must be a contiguous CPU tensor")
+    if weight.dim() != 2:
+        problems.append(f"weight must be 2-D, got shape {tuple(weight.shape)}")
+    else:
+        n, k = weight.shape
+        if k % multiple:
+            problems.append(f"weight columns ({k}) must be a multiple of {multiple}")
+        if x.dtype not in (torch.bfloat16, torch.float32) or x.shape != (k,):
+            problems.append(
+                f"x must be ({k},) bf16 or float32, got {tuple(x.shape)} {x.dtype}"
+            )
+        bad = scales is not None and (
+            scales.dtype != torch.float32 or scales.shape != (n,)
+        )
+        if bad:
+            problems.append(
+                f"scales must be ({n},) float32, "
+                f"got {tuple(scales.shape)} {scales.dtype}"
+            )
+    if problems:
+        raise ValueError("; ".join(problems))
 
-    def matvec_int8(
-        self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
-    ) -> torch.Tensor:
-        """(weight (n, k) int8 @ x (k,)) * scales (n,) float32 -> x's dtype."""
-        return self._call("qwen3_matvec_int8", x, weight, scales)
 
-
-def _load(path: Path) -> ctypes.CDLL:
+def _load(path: Path) -> Kernels:
+    """Open the library and bind its entry points (OSError/RuntimeError if
+    it is not the library built from cpu_matvec.c)."""
     lib = ctypes.CDLL(str(path))
     p, i, long_ = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
-    lib.qwen3_matvec_bf16.argtypes = [p, i, p, p, i, long_, long_, i]
-    lib.qwen3_matvec_bf16.restype = i
-    lib.qwen3_matvec_bf16_exact.argtypes = [p, i, p, p, i, long_, long_, i]
-    lib.qwen3_matvec_bf16_exact.restype = i
-    lib.qwen3_matvec_int8.argtypes = [p, i, p, p, p, i, long_, long_, i]
-    lib.qwen3_matvec_int8.restype = i
-    return lib
+    try:
+        abi = lib.qwen3_matvec_abi
+        abi.argtypes, abi.restype = [], i
+        for name, arrays in _ENTRIES.items():
+            fn = getattr(lib, name)
+            fn.argtypes = [p, i, *[p] * arrays, p, i, long_, long_, i]
+            fn.restype = i
+    except AttributeError as exc:
+        raise RuntimeError(f"{path.name} lacks the kernel entry points") from exc
+    version = abi()
+    if version & ~1 != _ABI:
+        raise RuntimeError(f"{path.name} is kernel version {version:#x}, not {_ABI:#x}")
+    return Kernels(lib, path, openmp=bool(version & 1))
+
+
+def _compile(compiler: str, flags: list[str], cache_dir: Path) -> Path:
+    """Compile cpu_matvec.c to a fresh file in `cache_dir`; returns its path."""
+    fd, out = tempfile.mkstemp(dir=cache_dir, prefix=".build-", suffix=".so")
+    os.close(fd)
+    try:
+        proc = subprocess.run(
+            [compiler, *flags, str(SOURCE), "-o", out],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except (OSError, subprocess.SubprocessError):
+        Path(out).unlink(missing_ok=True)
+        raise
+    if proc.returncode != 0:
+        Path(out).unlink(missing_ok=True)
+        detail = (proc.stderr or proc.stdout).strip().splitlines()
+        raise RuntimeError(
+            f"{Path(compiler).name} failed: {detail[0] if detail else proc.returncode}"
+        )
+    os.chmod(out, 0o755)  # the linker applies the umask (maybe group-writable)
+    return Path(out)
+
+
+def _build_and_load(cache_dir: Path) -> Kernels:
+    """The cached library if it verifies and loads, else a fresh build:
+    with OpenMP, or single-threaded where the compiler rejects -fopenmp."""
+    compiler = _find_compiler()
+    if compiler is None:
+        raise RuntimeError(
+            "no C compiler found (install gcc, e.g. `sudo apt install "
+            "build-essential`, or set CC)"
+        )
+    cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_private_dir(cache_dir)
+    ident = _compiler_id(compiler)
+    source = SOURCE.read_bytes()
+    error: Exception | None = None
+    for flags in ([*_FLAGS, _OPENMP], _FLAGS):
+        key = hashlib.sha256(
+            b"\0".join([source, ident.encode(), " ".join(flags).encode()])
+        ).hexdigest()[:16]
+        target = cache_dir / f"qwen3_matvec_{key}.so"
+        kernels = None
+        if _verified(target):
+            try:
+                kernels = _load(target)
+            except (OSError, RuntimeError):
+                pass  # rebuild below, under a new name, then rename
+        if kernels is None:
+            try:
+                fresh = _compile(compiler, flags, cache_dir)
+            except RuntimeError as exc:
+                error = error or exc
+                continue
+            try:
+                kernels = _load(fresh)  # loaded before the rename: never replaced
+                digest = _sha256(fresh)
+                os.replace(fresh, target)
+                _write_atomic(_record(target), digest.encode())
+            finally:
+                fresh.unlink(missing_ok=True)
+        if _OPENMP not in flags:
+            print(
+                f"cpu_matvec: {Path(compiler).name} rejected {_OPENMP} "
+                f"({error}); the kernel runs on one thread"
+            )
+        return Kernels(kernels.lib, target, kernels.openmp)
+    assert error is not None
+    raise error
 
 
 # The kernels loaded in this process (set once by `_get_kernels`), looked up
@@ -425,21 +333,47 @@ def _get_kernels(cache_dir: str) -> Kernels | None:
     reason = _unsupported_reason()
     if reason is None:
         try:
-            path = _build(Path(cache_dir))
-            kernels = Kernels(_load(path), path)
+            kernels = _build_and_load(Path(cache_dir))
             _LOADED.setdefault("kernels", kernels)
             _register_ops()
             return kernels
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-            reason = str(exc).strip().splitlines()[0][:200]
+            lines = str(exc).strip().splitlines()
+            reason = lines[0][:200] if lines else type(exc).__name__
     print(f"cpu_matvec: using torch's matmul instead of the AVX2 kernel ({reason})")
     return None
 
 
 def get_kernels() -> Kernels | None:
     """The compiled kernels, building them on first use; None (after one
-    printed line saying why) where they cannot be built or run."""
+    printed line saying why) where they cannot be built or loaded."""
     return _get_kernels(str(kernel_cache_dir()))
+
+
+# Per setting of torch.backends.mkldnn.enabled: does F.linear round like
+# the exact kernel? (see kernel_rounds_like_torch)
+_PROBES: dict[bool, bool] = {}
+
+
+def kernel_rounds_like_torch() -> bool:
+    """Whether torch's bf16 `F.linear` on one row gives exactly the exact
+    kernel's bits on this machine (its AVX2 path; not oneDNN on AVX-512 BF16
+    CPUs, nor ATEN_CPU_CAPABILITY=default). Probed once per mkldnn setting."""
+    kernels = _LOADED.get("kernels")
+    if kernels is None:
+        return False
+    key = bool(torch.backends.mkldnn.enabled)
+    if key not in _PROBES:
+        gen = torch.Generator().manual_seed(20250601)
+        same = True
+        with torch.inference_mode():
+            for k in (1024, 3072):
+                w = torch.randn(256, k, generator=gen).to(torch.bfloat16)
+                x = torch.randn(1, k, generator=gen).to(torch.bfloat16)
+                got = kernels.matvec(x[0], w, exact=True)
+                same = same and torch.equal(got, F.linear(x, w)[0])
+        _PROBES[key] = same
+    return _PROBES[key]
 
 
 # ---------------------------------------------------------------------------
@@ -447,23 +381,11 @@ def get_kernels() -> Kernels | None:
 # ---------------------------------------------------------------------------
 
 
-def _matvec_impl(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    flat = x.reshape(-1).contiguous()
-    out = _LOADED["kernels"].matvec_bf16(flat, weight)
-    return out.view(*x.shape[:-1], weight.shape[0])
-
-
-def _matvec_exact_impl(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    flat = x.reshape(-1).contiguous()
-    out = _LOADED["kernels"].matvec_bf16_exact(flat, weight)
-    return out.view(*x.shape[:-1], weight.shape[0])
-
-
-def _matvec_int8_impl(
-    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
+def _matvec_impl(
+    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = None
 ) -> torch.Tensor:
     flat = x.reshape(-1).contiguous()
-    out = _LOADED["kernels"].matvec_int8(flat, weight, scales)
+    out = _LOADED["kernels"].matvec(flat, weight, scales)
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -482,7 +404,7 @@ def _register_ops() -> None:
     lib.define("matvec_int8(Tensor x, Tensor weight, Tensor scales) -> Tensor")
     # Python-level indirection, so a test can count the calls
     lib.impl("matvec", lambda x, w: _matvec_impl(x, w), "CPU")
-    lib.impl("matvec_int8", lambda x, w, s: _matvec_int8_impl(x, w, s), "CPU")
+    lib.impl("matvec_int8", lambda x, w, s: _matvec_impl(x, w, s), "CPU")
     torch.library.register_fake("qwen3_ch02::matvec", _fake_matvec, lib=lib)
     torch.library.register_fake("qwen3_ch02::matvec_int8", _fake_matvec, lib=lib)
     _LOADED["library"] = lib
@@ -510,28 +432,46 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`F.linear(x, weight)` through the kernel when `supports` says so and
-    the kernels were loaded (call `get_kernels()` first, outside compiled code).
+    """`F.linear(x, weight)`, through a kernel where one applies.
 
-    Eager calls use the kernel that rounds exactly like torch (K a multiple
-    of 64; otherwise F.linear), so eager results stay bit-identical. Inside
-    torch.compile, whose fused code does not round exactly like eager anyway,
-    the faster kernel (a different order of the float32 additions) is used.
+    Inside torch.compile (kernels loaded, `supports` true) the fast kernel;
+    eagerly the exact kernel, only where `kernel_rounds_like_torch()`, so
+    eager results are always F.linear's own bits.
     """
-    if weight.dtype == torch.bfloat16 and supports(x, weight):
+    if weight.dtype == torch.bfloat16 and "kernels" in _LOADED and supports(x, weight):
         if torch.compiler.is_compiling():  # traced: an operator in the graph
             return torch.ops.qwen3_ch02.matvec(x, weight)
-        if weight.shape[1] % 64 == 0:
-            return _matvec_exact_impl(x, weight)  # eager: skip the dispatcher
+        if weight.shape[1] % 64 == 0 and kernel_rounds_like_torch():
+            flat = x.reshape(-1).contiguous()  # eager: skip the dispatcher
+            out = _LOADED["kernels"].matvec(flat, weight, exact=True)
+            return out.view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight)
 
 
 def int8_linear(
     x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
 ) -> torch.Tensor:
-    """Weight-only int8 `x @ (weight * scales[:, None]).T` for one CPU row."""
+    """Weight-only int8 `x @ (weight * scales[:, None]).T` for one CPU row
+    (the kernel when loaded, else torch's int8 matmul); checks its inputs."""
     if not supports(x, weight) or weight.dtype != torch.int8:
-        raise ValueError("int8_linear handles one CPU row with int8 weights")
+        raise ValueError(
+            "int8_linear handles one CPU row x (..., k) with a contiguous "
+            f"int8 weight (n, k), k % 16 == 0; got x {tuple(x.shape)} {x.dtype}, "
+            f"weight {tuple(weight.shape)} {weight.dtype}"
+        )
+    if not scales.is_floating_point() or scales.shape != weight.shape[:1]:
+        raise ValueError(
+            f"scales must be a float tensor of shape ({weight.shape[0]},), one "
+            f"per weight row; got {tuple(scales.shape)} {scales.dtype}"
+        )
+    if not scales.is_contiguous():
+        raise ValueError("scales must be contiguous (call .contiguous() first)")
+    scales = scales.to(torch.float32)
+    if "kernels" not in _LOADED:
+        out = torch._weight_int8pack_mm(
+            x.reshape(1, -1), weight, scales.to(x.dtype)
+        )  # fmt: skip
+        return out.view(*x.shape[:-1], weight.shape[0])
     if torch.compiler.is_compiling():
-        return torch.ops.qwen3_ch02.matvec_int8(x, weight, scales.float())
-    return _matvec_int8_impl(x, weight, scales.float())
+        return torch.ops.qwen3_ch02.matvec_int8(x, weight, scales)
+    return _matvec_impl(x, weight, scales)

@@ -16,37 +16,50 @@ qk-norm, grouped-query attention), arranged the way fast inference code is:
 
 On x86-64 CPUs with AVX2 the decode step's matrix-vector products run
 through small C kernels (`utils.cpu_matvec`) that stream the bf16 weights
-near the memory bandwidth. In eager mode their results are bit-identical to
-`F.linear`; `FastQwen3.use_cpu_matvec(False)` turns them off.
+near the memory bandwidth; `FastQwen3.use_cpu_matvec(False)` turns them off.
+Eager decoding gives the book's greedy tokens on every CPU: its kernel is
+used only where it rounds exactly like `F.linear` (PyTorch's AVX2 path), and
+`F.linear` itself elsewhere (e.g. oneDNN on AVX-512 BF16 CPUs). The compiled
+step (fused attention, reordered float32 sums) is close but not bit-equal.
 
-Optional `quantize_int8` swaps the linear layers for weight-only int8 ones
-(per-output-channel scales). That is an approximation: logits change a little.
+Weight-only int8 (approximate) lives in `utils.quantize`; `pick_faster` times
+eager against compiled decoding on this machine.
 """
 
 from __future__ import annotations
 
-import functools
+import os
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from reasoning_from_scratch.qwen3 import compute_rope_params
+from reasoning_from_scratch.qwen3 import RMSNorm, compute_rope_params
 
 from utils import cpu_matvec
 from utils.generation import check_generation_inputs
 
 __all__ = [
     "FastQwen3",
-    "Int8Linear",
-    "Linear",
+    "KernelLinear",
     "prefill",
     "decode_one_token",
     "generate",
-    "quantize_int8",
     "cache_length_for",
+    "pick_faster",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Int8Linear and quantize_int8 moved to utils.quantize; old imports work
+    if name in ("Int8Linear", "quantize_int8"):
+        from utils import quantize
+
+        return getattr(quantize, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Cache lengths are rounded up to this multiple, so nearby prompt lengths
 # reuse one compiled decode step instead of recompiling for every length.
@@ -65,32 +78,17 @@ def cache_length_for(num_tokens: int, context_length: int) -> int:
 # ---------------------------------------------------------------------------
 
 
-class Linear(nn.Linear):
+class KernelLinear(nn.Linear):
     """`nn.Linear` whose single-row (decode) products may use the CPU
-    matrix-vector kernel (bias-free layers only, as in Qwen3); `matvec` is
-    set by FastQwen3."""
+    matrix-vector kernel (bias-free layers only, as in Qwen3); `use_kernel`
+    is set by FastQwen3."""
 
-    matvec = False
+    use_kernel = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.matvec and self.bias is None:
+        if self.use_kernel and self.bias is None:
             return cpu_matvec.linear(x, self.weight)
         return F.linear(x, self.weight, self.bias)
-
-
-class RMSNorm(nn.Module):
-    """The book's qwen3-compatible RMSNorm: statistics and scaling in float32,
-    result cast back to the input dtype."""
-
-    def __init__(self, dim: int, eps: float = 1e-6, dtype=None) -> None:
-        super().__init__()
-        self.eps = eps
-        self.scale = nn.Parameter(torch.ones(dim, dtype=dtype))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.to(torch.float32)
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (x32 * self.scale).to(x.dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -108,9 +106,9 @@ class FeedForward(nn.Module):
     def __init__(self, cfg: Mapping[str, Any]) -> None:
         super().__init__()
         emb, hid, dt = cfg["emb_dim"], cfg["hidden_dim"], cfg["dtype"]
-        self.fc1 = Linear(emb, hid, bias=False, dtype=dt)
-        self.fc2 = Linear(emb, hid, bias=False, dtype=dt)
-        self.fc3 = Linear(hid, emb, bias=False, dtype=dt)
+        self.fc1 = KernelLinear(emb, hid, bias=False, dtype=dt)
+        self.fc2 = KernelLinear(emb, hid, bias=False, dtype=dt)
+        self.fc3 = KernelLinear(hid, emb, bias=False, dtype=dt)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc3(F.silu(self.fc1(x)) * self.fc2(x))
@@ -129,10 +127,10 @@ class GroupedQueryAttention(nn.Module):
         emb, dt = cfg["emb_dim"], cfg["dtype"]
         d_out = self.num_heads * self.head_dim
         d_kv = self.num_kv_groups * self.head_dim
-        self.W_query = Linear(emb, d_out, bias=False, dtype=dt)
-        self.W_key = Linear(emb, d_kv, bias=False, dtype=dt)
-        self.W_value = Linear(emb, d_kv, bias=False, dtype=dt)
-        self.out_proj = Linear(d_out, emb, bias=False, dtype=dt)
+        self.W_query = KernelLinear(emb, d_out, bias=False, dtype=dt)
+        self.W_key = KernelLinear(emb, d_kv, bias=False, dtype=dt)
+        self.W_value = KernelLinear(emb, d_kv, bias=False, dtype=dt)
+        self.out_proj = KernelLinear(d_out, emb, bias=False, dtype=dt)
         if cfg["qk_norm"]:
             self.q_norm = RMSNorm(self.head_dim)
             self.k_norm = RMSNorm(self.head_dim)
@@ -220,7 +218,7 @@ class FastQwen3(nn.Module):
             [TransformerBlock(cfg) for _ in range(cfg["n_layers"])]
         )
         self.final_norm = RMSNorm(cfg["emb_dim"])
-        self.out_head = Linear(
+        self.out_head = KernelLinear(
             cfg["emb_dim"], cfg["vocab_size"], bias=False, dtype=cfg["dtype"]
         )
         self.head_dim = cfg["head_dim"] or cfg["emb_dim"] // cfg["n_heads"]
@@ -228,7 +226,7 @@ class FastQwen3(nn.Module):
         self.register_buffer("sin", None, persistent=False)
         self.register_buffer("positions", None, persistent=False)
         self._decode_step: Callable | None = None  # set by compile_decode
-        self.cpu_matvec = True  # policy; applied by prefill (see use_cpu_matvec)
+        self._kernel_wanted = True  # applied by prefill (see use_cpu_matvec)
 
     # -- construction --------------------------------------------------------
 
@@ -250,6 +248,29 @@ class FastQwen3(nn.Module):
         return model.eval()
 
     @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | os.PathLike,
+        cfg: Mapping[str, Any] | None = None,
+        int8: bool = False,
+    ) -> FastQwen3:
+        """Load a book checkpoint (.pth) memory-mapped, without a copy in
+        RAM; with `int8=True` quantize it layer by layer, so the bf16
+        weights are never all resident at once (see utils.quantize)."""
+        from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B
+
+        cfg = dict(cfg or QWEN_CONFIG_06_B)
+        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        sd = {k: v.to(cfg["dtype"]) for k, v in sd.items()}
+        model = cls.from_state_dict(cfg, sd)
+        del sd
+        if int8:
+            from utils.quantize import quantize_int8
+
+            quantize_int8(model)
+        return model
+
+    @classmethod
     def from_book_model(cls, model: nn.Module) -> FastQwen3:
         """Wrap a book `Qwen3Model`: parameters are shared, not copied, so both
         models see the same weights (and tying is kept)."""
@@ -268,22 +289,20 @@ class FastQwen3(nn.Module):
     def use_cpu_matvec(self, enabled: bool = True) -> bool:
         """Choose whether decode steps on CPU use the AVX2 matrix-vector
         kernel (default: yes). Returns whether it is active now."""
-        self.cpu_matvec = enabled
+        self._kernel_wanted = enabled
         return self._apply_cpu_matvec()
 
     def _apply_cpu_matvec(self) -> bool:
         on_cpu = self.tok_emb.weight.device.type == "cpu"
-        active = bool(self.cpu_matvec and on_cpu and cpu_matvec.get_kernels())
+        active = bool(self._kernel_wanted and on_cpu and cpu_matvec.get_kernels())
         for module in self.modules():
-            if isinstance(module, (Linear, Int8Linear)) and module.matvec != active:
-                module.matvec = active
+            if hasattr(module, "use_kernel") and module.use_kernel != active:
+                module.use_kernel = active  # KernelLinear, quantize.Int8Linear
         return active
 
     def cpu_matvec_active(self) -> bool:
         """Whether the linear layers currently use the CPU kernel."""
-        return any(
-            m.matvec for m in self.modules() if isinstance(m, (Linear, Int8Linear))
-        )
+        return any(getattr(m, "use_kernel", False) for m in self.modules())
 
     # -- cache -----------------------------------------------------------------
 
@@ -328,7 +347,6 @@ class FastQwen3(nn.Module):
         idx: torch.Tensor,
         input_pos: torch.Tensor,
         kv_len: int | None = None,
-        block_fn: Callable | None = None,
     ) -> torch.Tensor:
         """Logits for tokens `idx` (b, t) placed at positions `input_pos` (t,);
         their keys/values are written into the cache first.
@@ -336,8 +354,6 @@ class FastQwen3(nn.Module):
         `kv_len` (a Python int, the number of filled cache slots) lets eager
         code attend over exactly those slots, which rounds exactly like the
         book in bf16; None (compiled step) keeps every shape static.
-        `block_fn(block, x, cos, sin, mask, input_pos)` replaces the plain
-        block call (used for the regionally compiled decode step).
         """
         if self.positions is None:
             raise RuntimeError("Call setup_cache(batch_size, num_tokens) first.")
@@ -349,10 +365,7 @@ class FastQwen3(nn.Module):
         positions = self.positions[:kv_len]
         mask = (positions[None, :] > input_pos[:, None]).repeat(r, 1)
         for block in self.trf_blocks:
-            if block_fn is None:
-                x = block(x, cos, sin, mask, input_pos, kv_len)
-            else:
-                x = block_fn(block, x, cos, sin, mask, input_pos)
+            x = block(x, cos, sin, mask, input_pos, kv_len)
         x = self.final_norm(x)
         return self.out_head(x)  # (b, t, vocab_size)
 
@@ -362,19 +375,12 @@ class FastQwen3(nn.Module):
         self,
         mode: str | None = None,
         options: Mapping[str, Any] | None = None,
-        regional: bool = False,
     ) -> FastQwen3:
-        """Compile only the decode step (used by `generate`).
-
-        By default the whole step is one graph: on CUDA replayed with CUDA
-        graphs (mode="reduce-overhead"); on CPU plain inductor, whose fused
-        loops around the matrix-vector kernel leave little but the weight
-        reads (about 2 minutes of warm-up on a 2-core machine).
-        regional=True instead compiles one transformer block whose code
-        serves all layers: a quarter of the warm-up, but Python runs between
-        the blocks (~30 % slower per token on that machine). If compiling
-        fails, generation falls back to eager with a one-line message.
-        """
+        """Compile only the decode step (used by `generate`), as one graph:
+        on CUDA replayed with CUDA graphs (mode="reduce-overhead"); on CPU
+        plain inductor, whose fused loops around the matrix-vector kernel
+        leave little but the weight reads. If compiling fails, generation
+        falls back to eager with a one-line message."""
         device = self.tok_emb.weight.device
         if mode is None and options is None and device.type == "cuda":
             mode = "reduce-overhead"
@@ -383,14 +389,9 @@ class FastQwen3(nn.Module):
             kwargs["mode"] = mode
         if options:
             kwargs["options"] = dict(options)
-        if regional:
-            block_fn = torch.compile(_run_block, **kwargs)
-            step = functools.partial(_decode_one_token_regional, block_fn=block_fn)
-            self._decode_step = _FallbackCompiled(step)
-        else:
-            self._decode_step = _FallbackCompiled(
-                torch.compile(_decode_one_token_impl, **kwargs)
-            )
+        self._decode_step = _FallbackCompiled(
+            torch.compile(_decode_one_token_impl, **kwargs)
+        )
         return self
 
     def decode_compiled(self) -> bool:
@@ -426,15 +427,6 @@ class _FallbackCompiled:
 # ---------------------------------------------------------------------------
 # Prefill / decode / generate
 # ---------------------------------------------------------------------------
-
-
-def _run_block(block, x, cos, sin, mask, input_pos):
-    return block(x, cos, sin, mask, input_pos)
-
-
-def _decode_one_token_regional(model, cur_token, input_pos, block_fn):
-    logits = model(cur_token, input_pos, None, block_fn)[:, -1]
-    return torch.argmax(logits, dim=-1, keepdim=True), logits
 
 
 def _decode_one_token_impl(model, cur_token, input_pos, kv_len=None):
@@ -503,12 +495,9 @@ def _generate(model, token_ids, max_new_tokens, eos_token_id):
     batch, prompt_len = token_ids.shape
     device = token_ids.device
     model.setup_cache(batch, prompt_len + max_new_tokens, device)
-    compiled = model._decode_step
 
     def step(token, input_pos, kv_len):
-        if compiled is not None:  # static shapes: whole cache, masked
-            return compiled(model, token, input_pos)[0].clone()
-        return _decode_one_token_impl(model, token, input_pos, kv_len)[0]
+        return decode_one_token(model, token, input_pos, kv_len)[0]
 
     # On asynchronous devices, queue step i+1 before looking at token i: the
     # EOS check then waits for a token that is already done while the device
@@ -531,62 +520,42 @@ def _generate(model, token_ids, max_new_tokens, eos_token_id):
             input_pos = input_pos + 1
 
 
-# ---------------------------------------------------------------------------
-# Weight-only int8 (approximate)
-# ---------------------------------------------------------------------------
-
-
-class Int8Linear(nn.Module):
-    """Weight-only int8 linear layer (APPROXIMATE): int8 weights with one
-    float32 scale per output channel; activations stay in the model dtype."""
-
-    matvec = False  # set by FastQwen3: single rows use the CPU kernel
-
-    def __init__(self, linear: nn.Linear, rows_per_chunk: int = 8192) -> None:
-        super().__init__()
-        w = linear.weight.detach()
-        self.in_features, self.out_features = w.shape[1], w.shape[0]
-        q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
-        scales = torch.empty(w.shape[0], dtype=torch.float32, device=w.device)
-        # A chunk of rows at a time, so the float32 copy stays small (the
-        # 151,936-row output head would otherwise need 620 MB of temporaries)
-        for start in range(0, w.shape[0], rows_per_chunk):
-            rows = w[start : start + rows_per_chunk].to(torch.float32)
-            s = rows.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-            q[start : start + rows_per_chunk] = torch.round(rows / s[:, None]).clamp(
-                -127, 127
-            )
-            scales[start : start + rows_per_chunk] = s
-        self.register_buffer("weight_int8", q)  # (out, in)
-        self.register_buffer("scales", scales)  # (out,) float32
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.matvec and cpu_matvec.supports(x, self.weight_int8):
-            return cpu_matvec.int8_linear(x, self.weight_int8, self.scales)
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
-        scales = self.scales.to(x.dtype)
-        if x.device.type == "cpu":
-            # torch's fused int8-weight matmul (dequantises on the fly)
-            out = torch._weight_int8pack_mm(x2, self.weight_int8, scales)
-        else:
-            out = F.linear(x2, self.weight_int8.to(x.dtype)) * scales
-        return out.view(*lead, self.out_features)
-
-
-def quantize_int8(model: FastQwen3, include_head: bool = True) -> FastQwen3:
-    """Replace the linear layers of `model` with `Int8Linear` (in place on the
-    module tree; the original weight tensors, e.g. a book model's, are left
-    untouched). Approximate: logits change slightly, greedy tokens mostly not."""
+def pick_faster(
+    model: FastQwen3, token_ids: torch.Tensor, steps: int = 6
+) -> dict[str, Any]:
+    """Time `steps` decode steps eager and compiled (compiling first, if
+    needed) and keep the faster: the compiled step stays only if it wins.
+    Returns {"choice": "eager"|"compiled", "eager_s", "compiled_s",
+    "compile_s"} (median seconds per step; compile_s = first compiled step)."""
     _check_fast_model(model)
-    with torch.no_grad():
-        for block in model.trf_blocks:
-            att, ff = block.att, block.ff
-            for name in ("W_query", "W_key", "W_value", "out_proj"):
-                setattr(att, name, Int8Linear(getattr(att, name)))
-            for name in ("fc1", "fc2", "fc3"):
-                setattr(ff, name, Int8Linear(getattr(ff, name)))
-        if include_head:
-            model.out_head = Int8Linear(model.out_head)
-    model._decode_step = None  # any compiled step saw the old layers
-    return model
+    if model._decode_step is None:
+        model.compile_decode()
+    compiled = model._decode_step
+
+    def per_step(step_fn: Callable | None) -> tuple[float, float]:
+        model._decode_step = step_fn
+        model.setup_cache(token_ids.shape[0], token_ids.shape[1] + steps + 1)
+        token, _ = prefill(model, token_ids)
+        pos = torch.tensor([token_ids.shape[1]], device=token_ids.device)
+        times = []
+        for i in range(steps + 1):
+            t0 = time.perf_counter()
+            token, _ = decode_one_token(model, token, pos + i, int(pos) + i + 1)
+            if token.device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        rest = sorted(times[1:])  # the first step may compile
+        return times[0], rest[len(rest) // 2]
+
+    _, eager_s = per_step(None)
+    compile_s, compiled_s = per_step(compiled)
+    if not compiled.failed and compiled_s < eager_s:
+        choice = "compiled"
+    else:
+        model._decode_step, choice = None, "eager"
+    return {
+        "choice": choice,
+        "eager_s": eager_s,
+        "compiled_s": compiled_s,
+        "compile_s": compile_s,
+    }

@@ -1,0 +1,167 @@
+"""Weight-only int8 for the fast decoder (APPROXIMATE; beyond Chapter 2).
+
+Each linear layer's weight becomes int8 with one float32 scale per output
+row (symmetric, absmax / 127); activations stay in the model's dtype. On
+CPUs the decode step's products run through the AVX2 int8 kernel
+(`utils.cpu_matvec`), which reads half the bytes of bf16.
+
+`quantize_int8` converts a model layer by layer and lets go of each bf16
+weight as soon as its int8 copy exists, so the model never holds both.
+`int8_agreement` measures how far the int8 model is from the bf16 one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from utils import cpu_matvec
+
+__all__ = ["Int8Linear", "quantize_int8", "quantize_weight", "int8_agreement"]
+
+
+def quantize_weight(
+    weight: torch.Tensor, rows_per_chunk: int = 8192
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 weight, float32 scales (rows,)) with weight ~= q * scales[:, None].
+    Converts a chunk of rows at a time, so temporaries stay small."""
+    w = weight.detach()
+    q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
+    scales = torch.empty(w.shape[0], dtype=torch.float32, device=w.device)
+    for start in range(0, w.shape[0], rows_per_chunk):
+        rows = w[start : start + rows_per_chunk].to(torch.float32)
+        s = rows.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        q[start : start + rows_per_chunk] = torch.round(rows / s[:, None]).clamp(
+            -127, 127
+        )
+        scales[start : start + rows_per_chunk] = s
+    return q, scales
+
+
+class Int8Linear(nn.Module):
+    """Bias-free linear layer with int8 weights and per-row float32 scales."""
+
+    use_kernel = False  # set by FastQwen3: single rows use the CPU kernel
+
+    def __init__(self, weight_int8: torch.Tensor, scales: torch.Tensor) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight_int8.shape
+        self.register_buffer("weight_int8", weight_int8)  # (out, in)
+        self.register_buffer("scales", scales)  # (out,) float32
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
+        """Quantize `linear`'s weight (its bias must be None)."""
+        if linear.bias is not None:
+            raise ValueError("Int8Linear handles bias-free layers only (as in Qwen3)")
+        return cls(*quantize_weight(linear.weight))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_kernel and cpu_matvec.supports(x, self.weight_int8):
+            return cpu_matvec.int8_linear(x, self.weight_int8, self.scales)
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        scales = self.scales.to(x.dtype)
+        if x.device.type == "cpu":
+            # torch's fused int8-weight matmul (dequantises on the fly)
+            out = torch._weight_int8pack_mm(x2, self.weight_int8, scales)
+        else:
+            out = F.linear(x2, self.weight_int8.to(x.dtype)) * scales
+        return out.view(*lead, self.out_features)
+
+
+def _page_out(t: torch.Tensor) -> None:
+    """Ask Linux to drop `t`'s pages from this process (MADV_PAGEOUT: a
+    hint that never changes contents). Frees the resident pages of weights
+    memory-mapped from a checkpoint once they are quantized; no-op elsewhere."""
+    if not sys.platform.startswith("linux") or t.device.type != "cpu":
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        page, storage = 4096, t.untyped_storage()
+        start = storage.data_ptr() // page * page
+        end = storage.data_ptr() + storage.nbytes()
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), 21)
+    except (OSError, AttributeError):
+        pass
+
+
+def quantize_int8(model: nn.Module, include_head: bool = True) -> nn.Module:
+    """Replace the bias-free `nn.Linear` layers of `model` (in place) with
+    `Int8Linear`, one layer at a time; `include_head=False` keeps `out_head`.
+
+    Approximate: logits change slightly, greedy tokens mostly not. The bf16
+    weights are released as they go unless something else holds them (e.g.
+    the book model a FastQwen3 was wrapped around).
+    """
+    if hasattr(model, "_decode_step"):
+        model._decode_step = None  # a compiled step saw the old layers
+    targets = [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and module.bias is None
+        and (include_head or name != "out_head")
+    ]  # fmt: skip
+    with torch.no_grad():
+        for name, linear in targets:
+            parent_name, _, attr = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, attr, Int8Linear.from_linear(linear))
+            weight, linear.weight = linear.weight, None
+            if sys.getrefcount(weight) <= 2:  # nobody else uses it now
+                _page_out(weight)
+            del weight, linear
+    return model
+
+
+def int8_agreement(
+    reference: Any,
+    quantized: Any,
+    prompts: Sequence[torch.Tensor],
+    max_new_tokens: int = 50,
+) -> dict[str, float]:
+    """How close `quantized` (int8 FastQwen3) is to `reference` (bf16).
+
+    Along each prompt's greedy continuation by `reference` (teacher-forced):
+    `token_agreement` = share of steps where both pick the same token;
+    `logits_max_rel_error` = max |logit difference| / max |reference logit|
+    over all steps; plus `identical_continuations` = share of prompts whose
+    free-running greedy continuations are identical."""
+    from utils.fast_decode import decode_one_token, generate, prefill
+
+    same = steps = identical = 0
+    worst = 0.0
+    for prompt in prompts:
+        prompt = prompt.reshape(1, -1)
+        seq = torch.cat(list(generate(reference, prompt, max_new_tokens)), dim=1)
+        free = torch.cat(list(generate(quantized, prompt, max_new_tokens)), dim=1)
+        identical += int(torch.equal(seq, free))
+        for model in (reference, quantized):
+            model.setup_cache(1, prompt.shape[1] + max_new_tokens)
+        ref_tok, ref_logits = prefill(reference, prompt)
+        q_tok, q_logits = prefill(quantized, prompt)
+        pos = torch.tensor([prompt.shape[1]])
+        for i in range(seq.shape[1]):
+            err = (q_logits.float() - ref_logits.float()).abs().max()
+            worst = max(worst, float(err / ref_logits.float().abs().max()))
+            same += int(torch.equal(q_tok, ref_tok))
+            steps += 1
+            if i + 1 == seq.shape[1]:
+                break
+            tok = seq[:, i : i + 1]
+            kv = int(pos) + 1
+            ref_tok, ref_logits = decode_one_token(reference, tok, pos, kv)
+            q_tok, q_logits = decode_one_token(quantized, tok, pos, kv)
+            pos = pos + 1
+    return {
+        "token_agreement": same / max(steps, 1),
+        "logits_max_rel_error": worst,
+        "identical_continuations": identical / max(len(prompts), 1),
+        "steps": float(steps),
+    }
