@@ -1,14 +1,17 @@
-"""The generators typed in the chapter notebooks match the `utils` copies.
+"""The book's listings typed in the chapter notebooks match the `utils` copies.
 
-Notebooks 04 and 05 define the book's listings in cells so the reader sees
-them; later notebooks import the same functions from `utils.generation`.
-These tests pull the definitions out of the .ipynb files and check that both
-yield the same tokens and stop at the end-of-sequence token the same way, so
-notebook and module cannot drift apart.
+Notebooks 02, 04 and 05 define Listings 2.1-2.4 in cells so the reader sees
+them; later notebooks import the same functions from `utils.device` and
+`utils.generation`. These tests pull the definitions out of the .ipynb files
+and check that both behave the same (same device and TF32 switches; same
+tokens and the same stop at the end-of-sequence token; the same printed
+statistics), so notebook and module cannot drift apart.
 """
 
 import ast
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import pytest
@@ -17,6 +20,7 @@ from reasoning_from_scratch import ch02 as book
 from reasoning_from_scratch.qwen3 import KVCache, Qwen3Model
 from tiny import tiny_config
 
+from utils import device as utils_device
 from utils import generation
 
 NB_DIR = Path(__file__).resolve().parent.parent / "ch02" / "01_main-chapter-code"
@@ -37,7 +41,7 @@ def load_function(notebook: str, name: str):
             if isinstance(node, ast.FunctionDef) and node.name == name
         ]
         if defs:
-            namespace = {"torch": torch, "KVCache": KVCache}
+            namespace = {"torch": torch, "KVCache": KVCache, "warnings": warnings}
             module = ast.Module(body=defs, type_ignores=[])
             exec(compile(module, f"{notebook}:{name}", "exec"), namespace)
             return namespace[name]
@@ -116,3 +120,147 @@ def test_batched_eos_waits_for_every_row(listings, model):
         assert got == tokens(utils_fn, model, ids, 6, eos=row0)
         # Only row 0 produced the EOS, so generation goes on for both rows
         assert got[0] == [[row0], [row1]]
+
+
+def test_listings_are_labelled_cells():
+    """Each book listing sits in its own cell whose first line names it."""
+    expected = {
+        "02_load-model.ipynb": {"# Listing 2.1": "get_device"},
+        "04_generate.ipynb": {
+            "# Listing 2.2": "generate_text_basic_stream",
+            "# Listing 2.3": "generate_stats",
+        },
+        "05_kv-cache.ipynb": {"# Listing 2.4": "generate_text_basic_stream_cache"},
+    }
+    for notebook, listings in expected.items():
+        nb = nbformat.read(NB_DIR / notebook, as_version=4)
+        code = [c.source for c in nb.cells if c.cell_type == "code"]
+        for label, name in listings.items():
+            cells = [s for s in code if s.splitlines()[0].startswith(label + " ")]
+            assert len(cells) == 1, f"{notebook}: one cell must start with {label}"
+            assert f"def {name}(" in cells[0], f"{notebook}: {label} defines {name}"
+
+
+# --- Listing 2.1: get_device (notebook 02) vs utils.device.get_device ---
+
+
+def _fresh_tf32_switches(monkeypatch):
+    """Install stand-ins for the CUDA/cuDNN settings objects, so the test sees
+    which TF32 switches get_device sets without touching the real ones, and
+    return a function that reads them back."""
+    matmul = SimpleNamespace()
+    cudnn = SimpleNamespace(conv=SimpleNamespace())
+    monkeypatch.setattr(torch.backends.cuda, "matmul", matmul)
+    monkeypatch.setattr(torch.backends, "cudnn", cudnn)
+
+    def snapshot():
+        flat = {k: v for k, v in vars(cudnn).items() if k != "conv"}
+        return dict(vars(matmul)), flat, dict(vars(cudnn.conv))
+
+    return snapshot
+
+
+def _pretend_hardware(monkeypatch, kind: str, version: str) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: kind == "cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: kind == "mps")
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: kind == "xpu")
+    monkeypatch.setattr(torch, "__version__", version)
+
+
+@pytest.mark.parametrize(
+    ("kind", "version", "tensor_cores", "matmul_flags"),
+    [
+        ("cuda", "2.10.0+cu128", True, {"allow_tf32": True}),
+        ("cuda", "2.11.0+cu130", True, {"fp32_precision": "tf32"}),
+        ("cuda", "2.12.1", True, {"fp32_precision": "tf32"}),
+        ("cuda", "2.11.0", False, {}),
+        ("mps", "2.11.0", True, {}),
+        ("xpu", "2.11.0", True, {}),
+        ("cpu", "2.10.0", True, {}),
+    ],
+)
+def test_notebook_get_device_matches_utils(
+    monkeypatch, capsys, kind, version, tensor_cores, matmul_flags
+):
+    book_get_device = load_function("02_load-model.ipynb", "get_device")
+    _pretend_hardware(monkeypatch, kind, version)
+
+    switches = _fresh_tf32_switches(monkeypatch)
+    book_device = book_get_device(enable_tensor_cores=tensor_cores)
+    book_line = capsys.readouterr().out.strip()
+    book_switches = switches()
+    assert book_switches[0] == matmul_flags
+
+    switches = _fresh_tf32_switches(monkeypatch)
+    utils_dev = utils_device.get_device(enable_tensor_cores=tensor_cores)
+    utils_line = capsys.readouterr().out.strip()
+
+    assert utils_dev == book_device == torch.device(kind)
+    assert switches() == book_switches
+    # utils adds the GPU's name in parentheses; the start is the book's line
+    assert utils_line.startswith(book_line) and book_line.startswith("Using ")
+
+
+# --- Listing 2.3: generate_stats (notebook 04) vs utils.generation ---
+
+
+class _FakeCudaTokens:
+    """Just enough of a tensor for generate_stats: numel() and .device."""
+
+    device = torch.device("cuda")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def numel(self) -> int:
+        return self.n
+
+
+def test_generate_stats_cpu_prints_book_lines_then_memory(monkeypatch, capsys):
+    book_stats = load_function("04_generate.ipynb", "generate_stats")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: False)
+    ids = torch.arange(10).unsqueeze(0)
+
+    assert book_stats(ids, None, 100.0, 102.5) is None
+    book_out = capsys.readouterr().out
+    assert book_out == "\n\nTime: 2.50 sec\n4 tokens/sec\n"
+
+    stats = generation.generate_stats(ids, None, 100.0, 102.5)
+    utils_out = capsys.readouterr().out
+    # Same lines as the book, then one extra line: the process's peak RSS
+    assert utils_out.startswith(book_out)
+    extra = utils_out[len(book_out) :].splitlines()
+    assert len(extra) == 1 and extra[0].startswith("Peak process memory (RSS): ")
+    assert stats["num_tokens"] == 10 and stats["tokens_per_sec"] == 4.0
+    assert stats["time_s"] == 2.5 and stats["peak_mem_bytes"] > 0
+
+
+def test_generate_stats_cuda_lines_are_identical(monkeypatch, capsys):
+    book_stats = load_function("04_generate.ipynb", "generate_stats")
+    resets = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(
+        torch.cuda, "max_memory_allocated", lambda *a, **k: int(1.5 * 1024**3)
+    )
+    monkeypatch.setattr(
+        torch.cuda, "reset_peak_memory_stats", lambda *a, **k: resets.append(1)
+    )
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: False)
+    ids = _FakeCudaTokens(41)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the tokens are "on" CUDA: no warning
+        book_stats(ids, None, 0.0, 1.4)
+    book_out = capsys.readouterr().out
+    stats = generation.generate_stats(ids, None, 0.0, 1.4)
+    utils_out = capsys.readouterr().out
+
+    assert book_out == (
+        "\n\nTime: 1.40 sec\n29 tokens/sec\nMax CUDA memory allocated: 1.50 GB\n"
+    )
+    assert utils_out == book_out
+    assert len(resets) == 2, "both reset the peak counter after reading it"
+    assert stats["memory_kind"] == "Max CUDA memory allocated"

@@ -23,7 +23,8 @@ def enable_tf32() -> None:
 
     PyTorch 2.9 introduced the `fp32_precision` switches, but torch.compile in
     2.9 and 2.10 still reads the older `allow_tf32` flags, so those versions
-    keep using the old flags; 2.11 and newer use the new ones.
+    keep using the old flags; 2.11 and newer use the new ones. That is what the
+    book's package (0.2.0) does; the printed Listing 2.1 switches at 2.9.
     """
     if _torch_version() >= (2, 11):
         torch.backends.cuda.matmul.fp32_precision = "tf32"
