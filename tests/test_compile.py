@@ -82,13 +82,18 @@ def test_setting_is_left_alone_before_torch_2_8(monkeypatch):
     assert torch._dynamo.config.allow_unspec_int_on_nn_module is True
 
 
-def _graphs_for_cached_generation(book_setting: bool, new_tokens: int) -> int:
-    """Graphs dynamo builds for the book's KV-cache generator (eager backend:
-    dynamo's tracing and guards without inductor's slow code generation)."""
+def _graphs_for_generation(
+    book_setting: bool, new_tokens: int, cache: bool = True
+) -> int:
+    """Graphs dynamo builds for the book's generator (eager backend: dynamo's
+    tracing and guards without inductor's slow code generation)."""
     from reasoning_from_scratch.qwen3 import Qwen3Model
     from torch._dynamo.utils import counters
 
-    from utils.generation import generate_text_basic_stream_cache
+    from utils.generation import (
+        generate_text_basic_stream,
+        generate_text_basic_stream_cache,
+    )
 
     torch.manual_seed(0)
     model = Qwen3Model(tiny_config(vocab_size=300)).eval()
@@ -98,7 +103,8 @@ def _graphs_for_cached_generation(book_setting: bool, new_tokens: int) -> int:
         compiled = torch.compile(model, backend="eager")
     counters.clear()
     prompt = torch.tensor([[5, 6, 7, 8]])
-    tokens = list(generate_text_basic_stream_cache(compiled, prompt, new_tokens))
+    generate = generate_text_basic_stream_cache if cache else generate_text_basic_stream
+    tokens = list(generate(compiled, prompt, new_tokens))
     assert len(tokens) == new_tokens
     return counters["stats"]["unique_graphs"]
 
@@ -106,11 +112,14 @@ def _graphs_for_cached_generation(book_setting: bool, new_tokens: int) -> int:
 def test_book_setting_stops_a_recompile_per_token():
     """With the setting: prompt, first token, then one graph with a symbolic
     cache length for all later tokens. Without it: one more graph per token
-    (up to recompile_limit)."""
-    assert _graphs_for_cached_generation(True, 7) == 3
+    (up to recompile_limit). No cache: the prompt's length, then a symbolic
+    length."""
+    assert _graphs_for_generation(True, 7) == 3
+    torch._dynamo.reset()
+    assert _graphs_for_generation(True, 7, cache=False) == 2
     torch._dynamo.reset()
     torch._dynamo.config.allow_unspec_int_on_nn_module = False
-    assert _graphs_for_cached_generation(False, 7) > 3
+    assert _graphs_for_generation(False, 7) > 3
 
 
 def test_compiler_works_reports_a_broken_toolchain(monkeypatch, capsys):
