@@ -31,7 +31,7 @@ after the first one, so it does not mix in the prompt (that is `ttft_s`,
 time to first token). Per row the benchmark also reports:
 
 * `warmup_s` (cold): the first run, compiling included, with an empty
-  compile cache (a fresh temporary inductor cache folder for this run);
+  compile cache (a fresh temporary inductor cache folder for each mode);
 * `warmup_cached_s` (compiled modes): the first run again after
   `torch._dynamo.reset()` and clearing inductor's in-memory caches, so
   dynamo traces again and inductor loads its kernels from the on-disk
@@ -616,21 +616,22 @@ def run_benchmark(
             flush=True,
         )
     rows = []
-    with _fresh_compile_cache(cold_compile):
-        for mode in modes:
+    for mode in modes:
+        # each mode compiles into its own empty cache folder (cold_compile)
+        with _fresh_compile_cache(cold_compile):
             row = _run_mode(mode, book, token_ids, max_new_tokens, repeats, dev, quiet)
-            if row is None:
-                continue
-            row["machine_read_gbps"] = machine_bps / 1e9
-            row["bandwidth_share"] = row["weight_read_gbps"] / row["machine_read_gbps"]
-            rows.append(row)
-            if not quiet:
-                print(
-                    f"[benchmark] {mode}: {row['tokens_per_sec']:.2f} tok/s "
-                    f"({row['bandwidth_share']:.0%} of the read speed), "
-                    f"warm-up {row['warmup_s']:.1f} s",
-                    flush=True,
-                )
+        if row is None:
+            continue
+        row["machine_read_gbps"] = machine_bps / 1e9
+        row["bandwidth_share"] = row["weight_read_gbps"] / row["machine_read_gbps"]
+        rows.append(row)
+        if not quiet:
+            print(
+                f"[benchmark] {mode}: {row['tokens_per_sec']:.2f} tok/s "
+                f"({row['bandwidth_share']:.0%} of the read speed), "
+                f"warm-up {row['warmup_s']:.1f} s",
+                flush=True,
+            )
     _add_ratios(rows)
     for row in rows:
         row["standin"] = standin
