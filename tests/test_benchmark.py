@@ -1,4 +1,5 @@
-"""utils.benchmark on a tiny model: row fields, table, JSON/CSV, CLI errors."""
+"""utils.benchmark on a tiny model: row fields, bandwidth figures, the book's
+compile setting, skipped modes, table, JSON/CSV, CLI errors."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from utils import benchmark
 from utils.standin import standin_state_dict
 
 TINY = tiny_config(vocab_size=500)
-MODES = ["regular", "kv_cache", "fast"]
+MODES = ["regular", "kv_cache", "optimized", "fast"]
+SD = standin_state_dict(TINY, 0)
+PROMPT = torch.tensor([[3, 1, 4, 1, 5]])
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -29,10 +32,18 @@ def rows():
         max_new_tokens=6,
         repeats=2,
         cfg=TINY,
-        state_dict=standin_state_dict(TINY, 0),
-        token_ids=torch.tensor([[3, 1, 4, 1, 5]]),
+        state_dict=SD,
+        token_ids=PROMPT,
         quiet=True,
+        bandwidth_bytes=1 << 22,
     )
+
+
+def _weight_bytes_by_hand() -> int:
+    """float32 bytes of every tensor but the embedding table (the stand-in's
+    output head is its own tensor), plus the one embedding row read."""
+    total = sum(v.numel() for k, v in SD.items() if k != "tok_emb.weight")
+    return 4 * (total + TINY["emb_dim"])
 
 
 def test_rows_have_the_promised_fields(rows):
@@ -52,17 +63,150 @@ def test_rows_have_the_promised_fields(rows):
     )
 
 
+def test_rows_report_bandwidth_and_time_to_last_token(rows):
+    expected = _weight_bytes_by_hand()
+    machine = rows[0]["machine_read_gbps"]
+    assert machine > 0
+    for r in rows:
+        assert r["weight_bytes_per_token"] == expected, r["mode"]
+        assert r["weight_read_gbps"] == pytest.approx(
+            expected * r["tokens_per_sec"] / 1e9
+        )
+        assert r["machine_read_gbps"] == machine  # one probe per run
+        assert r["bandwidth_share"] == pytest.approx(r["weight_read_gbps"] / machine)
+        # eager modes: nothing to reuse from a compile cache
+        assert r["warmup_cached_s"] is None and r["to_last_token_cached_s"] is None
+        assert r["to_last_token_cold_s"] >= r["warmup_s"] > 0
+
+
+def test_optimized_mode_gives_the_book_models_tokens():
+    """The book package's optimized model shares the weights and decodes the
+    same greedy tokens as the book's model (float32)."""
+    from reasoning_from_scratch.qwen3 import Qwen3Model
+
+    from utils.generation import generate_text_basic_stream_cache
+
+    book, _, _ = benchmark.load_book_model(
+        torch.device("cpu"), torch.float32, cfg=TINY, state_dict=SD
+    )
+    assert isinstance(book, Qwen3Model)
+    opt = benchmark._optimized_model(book)
+    w_opt, w_book = (m.trf_blocks[0].att.W_query.weight for m in (opt, book))
+    assert w_opt.data_ptr() == w_book.data_ptr()  # shared, not copied
+    want = [t.item() for t in generate_text_basic_stream_cache(book, PROMPT, 8)]
+    got = [t.item() for t in benchmark._optimized_stream(opt, PROMPT, 8)()]
+    assert got == want
+
+
+def test_int8_reads_fewer_weight_bytes():
+    from utils import fast_decode
+
+    book, _, _ = benchmark.load_book_model(
+        torch.device("cpu"), torch.bfloat16, cfg=TINY, state_dict=SD
+    )
+    fast = fast_decode.FastQwen3.from_book_model(book)
+    bf16 = benchmark.weight_bytes_per_token(fast)
+    assert bf16 == _weight_bytes_by_hand() // 2
+    int8 = benchmark.weight_bytes_per_token(fast_decode.quantize_int8(fast))
+    # int8 weights plus their scales: a bit over half of bf16
+    assert 0.45 * bf16 < int8 < 0.6 * bf16
+
+
+def test_read_bandwidth_probe_is_plausible():
+    bps = benchmark.measure_read_bandwidth(torch.device("cpu"), 1 << 24, repeats=3)
+    assert 1e8 < bps < 1e13  # between 0.1 GB/s and 10 TB/s
+
+
+def test_book_compiled_modes_use_the_books_setting(monkeypatch):
+    """Every compiled book path (and the package's optimized one) calls
+    torch.compile with allow_unspec_int_on_nn_module already True, and
+    compiled modes report a warm-up from the compile cache."""
+    from utils.compile import BOOK_SETTING_MIN_TORCH, torch_version
+
+    seen = []
+
+    def fake_compile(model, **kwargs):
+        seen.append(torch._dynamo.config.allow_unspec_int_on_nn_module)
+        return model
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    modes = ["regular_compiled", "kv_cache_compiled", "optimized_compiled"]
+    with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=False):
+        rows = benchmark.run_benchmark(
+            modes=modes,
+            dtype="float32",
+            max_new_tokens=3,
+            repeats=1,
+            cfg=TINY,
+            state_dict=SD,
+            token_ids=PROMPT,
+            quiet=True,
+            bandwidth_bytes=1 << 20,
+        )
+    assert [r["mode"] for r in rows] == modes
+    assert seen == [torch_version() >= BOOK_SETTING_MIN_TORCH] * 3
+    for r in rows:
+        assert r["compiled"] and r["warmup_cached_s"] > 0
+        assert r["to_last_token_cached_s"] >= r["warmup_cached_s"]
+
+
+def test_hf_static_without_transformers_is_skipped_in_one_line(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import fails
+    rows = benchmark.run_benchmark(
+        modes=["kv_cache", "hf_static"],
+        dtype="float32",
+        max_new_tokens=3,
+        repeats=1,
+        cfg=TINY,
+        state_dict=SD,
+        token_ids=PROMPT,
+        bandwidth_bytes=1 << 20,
+    )
+    assert [r["mode"] for r in rows] == ["kv_cache"]
+    captured = capsys.readouterr()
+    skipped = [line for line in captured.out.splitlines() if "hf_static" in line]
+    assert skipped == [
+        "[benchmark] hf_static: skipped, transformers is not installed "
+        "(pip install transformers)"
+    ]
+    assert "[benchmark] kv_cache: warm-up" in captured.err  # the progress bar
+    table = benchmark.format_table(rows)
+    assert "| kv_cache |" in table and "hf_static" not in table
+
+
+def test_default_modes_leave_out_the_slow_ones_on_cpu():
+    cpu = benchmark.default_modes(torch.device("cpu"))
+    assert "regular" not in cpu and "regular_compiled" not in cpu
+    assert {"kv_cache", "kv_cache_compiled", "optimized", "fast_int8"} <= set(cpu)
+    gpu = benchmark.default_modes(torch.device("cuda"))
+    assert "regular" in gpu and "fast_int8" not in gpu
+    assert benchmark._check_modes(["all"]) == list(benchmark.ALL_MODES)
+
+
 def test_table_json_csv_and_plot(rows, tmp_path):
     table = benchmark.format_table(rows)
     lines = table.splitlines()
     assert lines[0].startswith("| Mode |") and len(lines) == 2 + len(rows)
     assert all(f"| {m} |" in table for m in MODES)
-    assert "1.00x" in table
+    assert "1.00x" in table and "To token 6" in lines[0]
+    assert all(line.count("|") == 11 for line in lines)
+    note = benchmark.describe_bandwidth(rows)
+    assert f"{rows[0]['machine_read_gbps']:.1f} GB/s" in note
 
     data = json.loads(benchmark.write_json(rows, tmp_path / "r.json").read_text())
     assert [d["mode"] for d in data] == MODES
-    for key in ("tokens_per_sec", "ttft_s", "warmup_s", "peak_mem_bytes"):
+    for key in (
+        "tokens_per_sec",
+        "ttft_s",
+        "warmup_s",
+        "to_last_token_cold_s",
+        "weight_read_gbps",
+        "machine_read_gbps",
+        "bandwidth_share",
+        "peak_mem_bytes",
+    ):
         assert all(isinstance(d[key], (int, float)) for d in data)
+    assert all("warmup_cached_s" in d for d in data)
 
     with open(benchmark.write_csv(rows, tmp_path / "r.csv"), newline="") as f:
         got = list(csv.DictReader(f))

@@ -1,9 +1,31 @@
-"""`utils.compile.try_compile`: falls back to eager mode when compiling fails."""
+"""`utils.compile`: the book's dynamo setting on every compile, the fallback
+to eager mode when compiling fails, and notebook 06's listings."""
+
+import ast
+import json
+from pathlib import Path
 
 import pytest
 import torch
+from tiny import tiny_config
 
-from utils.compile import CompileResult, compile_hint, try_compile
+from utils.compile import (
+    BOOK_SETTING_MIN_TORCH,
+    CompileResult,
+    apply_book_dynamo_setting,
+    book_compile,
+    compile_hint,
+    compiler_works,
+    torch_version,
+    try_compile,
+)
+
+NOTEBOOK = (
+    Path(__file__).resolve().parents[1]
+    / "ch02"
+    / "01_main-chapter-code"
+    / "06_compile.ipynb"
+)
 
 
 class _Tiny(torch.nn.Module):
@@ -25,9 +47,139 @@ def _failing_backend(message: str):
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
+    # start from PyTorch's default and restore the value afterwards
+    with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=False):
+        torch._dynamo.reset()
+        yield
+        torch._dynamo.reset()
+
+
+def _recording_compile(seen):
+    def fake_compile(model, **kwargs):
+        seen.append(torch._dynamo.config.allow_unspec_int_on_nn_module)
+        return model
+
+    return fake_compile
+
+
+def test_try_compile_applies_the_books_setting_first(monkeypatch):
+    seen = []
+    monkeypatch.setattr(torch, "compile", _recording_compile(seen))
+    model, x = _Tiny(), torch.randn(2, 8)
+    assert try_compile(model, lambda m: m(x), quiet=True).compiled
+    assert book_compile(model) is model
+    assert seen == [True, True]  # this project pins torch >= 2.8
+
+
+def test_setting_is_left_alone_before_torch_2_8(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.7.1+cpu")
+    assert torch_version() == (2, 7) < BOOK_SETTING_MIN_TORCH
+    assert apply_book_dynamo_setting() is False
+    assert torch._dynamo.config.allow_unspec_int_on_nn_module is False
+    monkeypatch.setattr(torch, "__version__", "2.10.0a0+git")
+    assert torch_version() == (2, 10)
+    assert apply_book_dynamo_setting() is True
+    assert torch._dynamo.config.allow_unspec_int_on_nn_module is True
+
+
+def _graphs_for_generation(
+    book_setting: bool, new_tokens: int, cache: bool = True
+) -> int:
+    """Graphs dynamo builds for the book's generator (eager backend: dynamo's
+    tracing and guards without inductor's slow code generation)."""
+    from reasoning_from_scratch.qwen3 import Qwen3Model
+    from torch._dynamo.utils import counters
+
+    from utils.generation import (
+        generate_text_basic_stream,
+        generate_text_basic_stream_cache,
+    )
+
+    torch.manual_seed(0)
+    model = Qwen3Model(tiny_config(vocab_size=300)).eval()
+    if book_setting:
+        compiled = book_compile(model, backend="eager")
+    else:
+        compiled = torch.compile(model, backend="eager")
+    counters.clear()
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    generate = generate_text_basic_stream_cache if cache else generate_text_basic_stream
+    tokens = list(generate(compiled, prompt, new_tokens))
+    assert len(tokens) == new_tokens
+    return counters["stats"]["unique_graphs"]
+
+
+def test_book_setting_stops_a_recompile_per_token():
+    """With the setting: prompt, first token, then one graph with a symbolic
+    cache length for all later tokens. Without it: one more graph per token
+    (up to recompile_limit). No cache: the prompt's length, then a symbolic
+    length."""
+    assert _graphs_for_generation(True, 7) == 3
     torch._dynamo.reset()
-    yield
+    assert _graphs_for_generation(True, 7, cache=False) == 2
     torch._dynamo.reset()
+    torch._dynamo.config.allow_unspec_int_on_nn_module = False
+    assert _graphs_for_generation(False, 7) > 3
+
+
+def test_compiler_works_reports_a_broken_toolchain(monkeypatch, capsys):
+    def broken_compile(model, **kwargs):
+        raise RuntimeError("fatal error: Python.h: No such file or directory")
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    assert compiler_works("cpu") is False
+    assert "python3-dev" in capsys.readouterr().out
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: m)
+    assert compiler_works("cpu", quiet=True) is True
+
+
+def _listing_cells() -> dict[str, str]:
+    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
+    found = {}
+    for cell in cells:
+        src = "".join(cell["source"])
+        if cell["cell_type"] == "code" and src.startswith("# Listing 2."):
+            found[src.split()[2]] = src
+    return found
+
+
+def test_notebook_listings_compile_with_the_books_setting():
+    listings = _listing_cells()
+    assert set(listings) == {"2.5", "2.6"}
+    tree = ast.parse(listings["2.5"])
+    setting = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and ast.unparse(node.targets[0])
+        == "torch._dynamo.config.allow_unspec_int_on_nn_module"
+        and ast.unparse(node.value) == "True"
+    ]
+    guards = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If)
+        and ast.unparse(node.test) == "(major, minor) >= (2, 8)"
+        and setting
+        and setting[0] in node.body
+    ]
+    compiles = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "torch.compile"
+    ]
+    assert len(setting) == 1 and len(guards) == 1 and len(compiles) == 1
+    assert setting[0].lineno < compiles[0].lineno  # set before compiling
+    # Both listings: a warm-up run, then two timed runs, each with stats
+    for name, gen in (
+        ("2.5", "generate_text_basic_stream("),
+        ("2.6", "generate_text_basic_stream_cache("),
+    ):
+        src = listings[name]
+        assert "for i in range(3):" in src and gen in src
+        assert "model=model_compiled" in src
+        assert '"Warm-up run"' in src and 'f"Timed run {i}:"' in src
+        assert "generate_stats(" in src
 
 
 def test_compiles_and_matches_eager():

@@ -9,17 +9,44 @@ Modes (all greedy, same prompt, same number of new tokens, EOS ignored):
 
 * `regular`, `regular_compiled`, `kv_cache`, `kv_cache_compiled`: the book's
   model and generators (`generate_text_basic_stream[_cache]`), eager or
-  `torch.compile`d, as in Chapter 2;
+  compiled the way the book does it (`utils.compile.book_compile`: the
+  book's dynamo setting, then `torch.compile`), as in Chapter 2;
+* `optimized`, `optimized_compiled`: the book package's own faster variant,
+  `reasoning_from_scratch.qwen3_optimized` (preallocated KV cache, SDPA),
+  driven by the same loop as its `generate_text_basic_cache` and compiled
+  the way its `load_model_and_tokenizer(use_compile=True)` does;
 * `fast`, `fast_compiled`: `utils.fast_decode` (static KV cache, only the
   decode step compiled) on the same weights;
 * `fast_int8`: `fast_compiled` with weight-only int8 linear layers
   (approximate; CPU);
-* `hf_static`: Hugging Face `Qwen3ForCausalLM.generate` with a static cache.
+* `hf_static`: Hugging Face `Qwen3ForCausalLM.generate` with a static cache
+  (skipped with one line when `transformers` is not installed).
 
-Each mode runs once as warm-up (reported as `warmup_s`, which includes any
-compiling), then `repeats` timed runs whose medians are reported. Decode speed
-counts the tokens after the first one over the time after the first one, so
-it does not mix in the prompt (that is `ttft_s`, time to first token).
+On a CPU the default set leaves out `regular` and `regular_compiled` (each
+takes many minutes at 100 tokens); ask for them with `--modes all` or by name.
+
+Each mode runs once as warm-up, then `repeats` timed runs whose medians are
+reported. Decode speed counts the tokens after the first one over the time
+after the first one, so it does not mix in the prompt (that is `ttft_s`,
+time to first token). Per row the benchmark also reports:
+
+* `warmup_s` (cold): the first run, compiling included, with an empty
+  compile cache (a fresh temporary inductor cache folder for each mode);
+* `warmup_cached_s` (compiled modes): the first run again after
+  `torch._dynamo.reset()` and clearing inductor's in-memory caches, so
+  dynamo traces again and inductor loads its kernels from the on-disk
+  cache the cold run wrote: what a second process or a second notebook run
+  pays. (Measured in the same process to keep the run short; a new process
+  would add only its imports, which come before any compiling.)
+* `to_last_token_cold_s` / `to_last_token_cached_s`: from starting to build
+  the mode (model conversion, quantization) to its last new token of the
+  first run, warm-up included: what a reader waits for the whole answer;
+* `weight_bytes_per_token`, `weight_read_gbps`: bytes of weights one decode
+  step reads (every weight once; of an embedding table only one row, unless
+  it doubles as the output layer), times decode tokens/sec;
+* `machine_read_gbps`, `bandwidth_share`: the machine's memory read speed,
+  measured in the same run (best of several `torch.sum` over a ~1 GiB
+  buffer), and the share of it the mode's weight reads reach.
 """
 
 from __future__ import annotations
@@ -46,12 +73,17 @@ ALL_MODES = (
     "regular_compiled",
     "kv_cache",
     "kv_cache_compiled",
+    "optimized",
+    "optimized_compiled",
     "fast",
     "fast_compiled",
     "fast_int8",
     "hf_static",
 )
 BASELINE_MODE = "kv_cache"
+# Without a cache every step reprocesses the whole sequence: many minutes for
+# 100 tokens on a CPU, so these run there only when asked for
+SLOW_ON_CPU = ("regular", "regular_compiled")
 DEFAULT_PROMPT = "Explain large language models in a single sentence."
 DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -68,6 +100,13 @@ ROW_FIELDS = (
     "e2e_tokens_per_sec",
     "ttft_s",
     "warmup_s",
+    "warmup_cached_s",
+    "to_last_token_cold_s",
+    "to_last_token_cached_s",
+    "weight_bytes_per_token",
+    "weight_read_gbps",
+    "machine_read_gbps",
+    "bandwidth_share",
     "peak_mem_bytes",
     "memory_kind",
     "ratio_vs_kv_cache",
@@ -79,6 +118,8 @@ MODE_NOTES = {
     "regular_compiled": "book, no cache, torch.compile",
     "kv_cache": "book KVCache",
     "kv_cache_compiled": "book KVCache, torch.compile",
+    "optimized": "book package's qwen3_optimized",
+    "optimized_compiled": "book package's qwen3_optimized, torch.compile",
     "fast": "static cache, eager",
     "fast_compiled": "static cache, compiled decode step",
     "fast_int8": "static cache, int8 weights, compiled (approximate)",
@@ -87,8 +128,15 @@ MODE_NOTES = {
 
 
 def default_modes(device: torch.device) -> list[str]:
-    """All modes; int8 only on CPU, where its fused kernel exists."""
-    return [m for m in ALL_MODES if m != "fast_int8" or device.type == "cpu"]
+    """The modes run when none are named: int8 only on CPU, where its fused
+    kernel exists; the uncached book modes everywhere but on a CPU."""
+    if device.type == "cpu":
+        return [m for m in ALL_MODES if m not in SLOW_ON_CPU]
+    return [m for m in ALL_MODES if m != "fast_int8"]
+
+
+class ModeSkipped(Exception):
+    """A mode cannot run here (e.g. an optional package is missing)."""
 
 
 # ---------------------------------------------------------------------------
@@ -148,20 +196,35 @@ def _sync(device: torch.device) -> None:
 
 
 def _time_stream(
-    stream: Callable[[], Iterable[Any]], device: torch.device
+    stream: Callable[[], Iterable[Any]],
+    device: torch.device,
+    progress: str | None = None,
+    total: int | None = None,
 ) -> dict[str, float]:
-    """Time one generation: time to first token, total, number of tokens."""
+    """Time one generation: time to first token, total, number of tokens.
+    With `progress`, a tqdm bar with that description counts the tokens."""
+    bar = None
+    if progress is not None:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc=progress, unit="tok", leave=False)
     _sync(device)
     start = time.perf_counter()
     first = None
     n = 0
-    for tok in stream():
-        if first is None:
-            if hasattr(tok, "device"):
-                _sync(device)
-            first = time.perf_counter()
-        n += 1
-    _sync(device)
+    try:
+        for tok in stream():
+            if first is None:
+                if hasattr(tok, "device"):
+                    _sync(device)
+                first = time.perf_counter()
+            n += 1
+            if bar is not None:
+                bar.update(1)
+        _sync(device)
+    finally:
+        if bar is not None:
+            bar.close()
     end = time.perf_counter()
     first = end if first is None else first
     return {"ttft_s": first - start, "total_s": end - start, "tokens": n}
@@ -171,10 +234,66 @@ def _book_stream(model, generator, token_ids, n):
     return lambda: generator(model, token_ids, n)
 
 
+def _optimized_model(book_model: torch.nn.Module) -> torch.nn.Module:
+    """The book package's `qwen3_optimized.Qwen3Model` sharing the book
+    model's weights (same parameter names; no copy)."""
+    try:
+        from reasoning_from_scratch import qwen3_optimized as opt
+    except ImportError as exc:
+        raise ModeSkipped(
+            "this reasoning_from_scratch has no qwen3_optimized module "
+            "(update it: pip install -U reasoning-from-scratch)"
+        ) from exc
+    cfg = dict(book_model.cfg)
+    device = book_model.tok_emb.weight.device
+    with torch.device("meta"):
+        model = opt.Qwen3Model(cfg)
+    model.load_state_dict(book_model.state_dict(), assign=True)
+    head_dim = cfg["head_dim"] or cfg["emb_dim"] // cfg["n_heads"]
+    cos, sin = opt.compute_rope_params(
+        head_dim, theta_base=cfg["rope_base"], context_length=cfg["context_length"]
+    )
+    model.cos, model.sin = cos.to(device), sin.to(device)
+    return model.eval()
+
+
+def _optimized_stream(model, token_ids, n):
+    """The loop of `qwen3_optimized.generate_text_basic_cache`, yielding each
+    token as it is made. The cache holds prompt + n tokens; the package's
+    function sizes it for the whole 40,960-token context instead."""
+    from reasoning_from_scratch.qwen3_optimized import KVCache
+
+    cfg = model.cfg
+
+    @torch.inference_mode()
+    def stream():
+        cache = KVCache(
+            n_layers=cfg["n_layers"],
+            max_len=token_ids.shape[1] + n,
+            num_kv_groups=cfg["n_kv_groups"],
+            head_dim=cfg["head_dim"] or cfg["emb_dim"] // cfg["n_heads"],
+            device=token_ids.device,
+            dtype=cfg["dtype"],
+        )
+        model.reset_kv_cache()
+        out = model(token_ids, cache=cache)[:, -1]
+        for _ in range(n):
+            next_token = torch.argmax(out, dim=-1, keepdim=True)
+            yield next_token
+            out = model(next_token, cache=cache)[:, -1]
+
+    return stream
+
+
 def _hf_static_runner(book_model, token_ids, n):
     """Qwen3ForCausalLM holding the book model's weights, greedy generate with
     a static cache; tokens come out through a streamer as they are made."""
-    import transformers
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ModeSkipped(
+            "transformers is not installed (pip install transformers)"
+        ) from exc
 
     from utils.hf_interop import book_to_hf_state_dict, hf_config_from_book
 
@@ -232,16 +351,80 @@ def _hf_time_stream(stream, device) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def _cold_compile_caches(enabled: bool) -> Iterator[None]:
-    """Compile from scratch (no on-disk inductor caches), so warm-up times are
-    what a first run on a fresh machine costs."""
-    if not enabled:
+def _fresh_compile_cache(enabled: bool) -> Iterator[None]:
+    """An empty temporary inductor cache folder (deleted afterwards), so the
+    first compile is what a fresh machine pays and a later one can reuse it."""
+    import torch._inductor.utils as inductor_utils
+
+    fresh = getattr(inductor_utils, "fresh_cache", None) or getattr(
+        inductor_utils, "fresh_inductor_cache", None
+    )
+    if not enabled or fresh is None:
         yield
         return
-    import torch._inductor.config as inductor_config
-
-    with inductor_config.patch(force_disable_caches=True):
+    with fresh():
         yield
+
+
+def _forget_compiled_code() -> None:
+    """Drop what this process compiled (dynamo's graphs, inductor's loaded
+    kernels) but not the on-disk cache: the next call compiles like a second
+    process would."""
+    import torch._inductor.utils as inductor_utils
+
+    torch._dynamo.reset()
+    clear = getattr(inductor_utils, "clear_caches", None) or getattr(
+        inductor_utils, "clear_inductor_caches", None
+    )
+    if clear is not None:
+        clear()
+
+
+_NOT_WEIGHTS = ("cache", "cos", "sin", "positions", "mask", "inv_freq")
+
+
+def weight_bytes_per_token(model: torch.nn.Module) -> int:
+    """Bytes of weights one decode step reads: every parameter and weight
+    buffer once (shared tensors once), of an embedding table only one row
+    unless the same tensor is also the output layer."""
+    embedding_ptrs = set()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding):
+            embedding_ptrs.add(module.weight.data_ptr())
+    seen, total, row_bytes = set(), 0, 0
+    for module in model.modules():
+        tensors = list(module.named_parameters(recurse=False))
+        tensors += list(module.named_buffers(recurse=False))
+        for name, t in tensors:
+            if t is None or any(word in name for word in _NOT_WEIGHTS):
+                continue
+            if isinstance(module, torch.nn.Embedding):
+                row_bytes = max(row_bytes, t[0].numel() * t.element_size())
+                continue
+            if t.data_ptr() in seen:
+                continue
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    tied = bool(embedding_ptrs & seen)
+    return total + (0 if tied else row_bytes)
+
+
+def measure_read_bandwidth(
+    device: torch.device, size_bytes: int = 1 << 30, repeats: int = 5
+) -> float:
+    """The memory read speed in bytes/s: best of `repeats` `torch.sum` over
+    a float32 buffer of `size_bytes` on `device`."""
+    buf = torch.ones(size_bytes // 4, dtype=torch.float32, device=device)
+    torch.sum(buf)  # warm-up: page in, start the threads
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        torch.sum(buf)
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    del buf
+    return size_bytes / best
 
 
 # ---------------------------------------------------------------------------
@@ -319,41 +502,46 @@ def prompt_token_ids(
 
 
 def _prepare(mode, book, token_ids, n):
-    """(stream factory, timing function for it, whether it is compiled)."""
+    """(stream factory, timing function, whether compiled, model that runs)."""
     from utils import fast_decode
+    from utils.compile import book_compile
     from utils.generation import (
         generate_text_basic_stream,
         generate_text_basic_stream_cache,
     )
 
+    compiled = mode.endswith("_compiled") or mode == "fast_int8"
     if mode in ("regular", "regular_compiled", "kv_cache", "kv_cache_compiled"):
-        model = torch.compile(book) if mode.endswith("_compiled") else book
+        model = book_compile(book) if compiled else book
         gen = generate_text_basic_stream_cache
         if mode.startswith("regular"):
             gen = generate_text_basic_stream
-        return _book_stream(model, gen, token_ids, n), _time_stream, "compiled" in mode
+        return _book_stream(model, gen, token_ids, n), _time_stream, compiled, book
+    if mode in ("optimized", "optimized_compiled"):
+        opt = _optimized_model(book)
+        model = book_compile(opt) if compiled else opt
+        return _optimized_stream(model, token_ids, n), _time_stream, compiled, opt
     if mode in ("fast", "fast_compiled", "fast_int8"):
         fast = fast_decode.FastQwen3.from_book_model(book)
         if mode == "fast_int8":
             fast = fast_decode.quantize_int8(fast)
-        compiled = mode in ("fast_compiled", "fast_int8")
         if compiled:
             fast.compile_decode()
         stream = lambda: fast_decode.generate(fast, token_ids, n)  # noqa: E731
-        return stream, _time_stream, compiled
+        return stream, _time_stream, compiled, fast
     if mode == "hf_static":
-        stream, _hf = _hf_static_runner(book, token_ids, n)
-        return stream, _hf_time_stream, False
+        stream, hf = _hf_static_runner(book, token_ids, n)
+        return stream, _hf_time_stream, False, hf
     raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(ALL_MODES)}")
 
 
 def _check_modes(modes: Sequence[str]) -> list[str]:
-    modes = list(modes)
+    modes = list(ALL_MODES) if list(modes) == ["all"] else list(modes)
     bad = [m for m in modes if m not in ALL_MODES]
     if bad or not modes:
         raise ValueError(
             f"unknown mode(s) {', '.join(bad) or '(none given)'}; "
-            f"choose from {', '.join(ALL_MODES)}"
+            f"choose from {', '.join(ALL_MODES)} (or all)"
         )
     return list(dict.fromkeys(modes))
 
@@ -373,12 +561,15 @@ def run_benchmark(
     token_ids: torch.Tensor | None = None,
     cold_compile: bool = True,
     quiet: bool = False,
+    bandwidth_bytes: int = 1 << 30,
 ) -> list[dict[str, Any]]:
     """Time each mode on one model (same weights, prompt and token count) and
     return one dict per mode (fields: ROW_FIELDS).
 
     Weights come from `download_qwen3_small` (stand-ins offline), `model_path`,
     or `cfg` + `state_dict` (tests); `token_ids` overrides the prompt.
+    `cold_compile=False` keeps your usual compile cache (warm-ups may be
+    shorter); `bandwidth_bytes` is the buffer size for the read-speed probe.
     """
     from utils.device import resolve_device
 
@@ -393,7 +584,16 @@ def run_benchmark(
         raise ValueError("max_new_tokens must be >= 2 to measure a decode rate")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
-    modes = _check_modes(modes if modes is not None else default_modes(dev))
+    if modes is None:
+        modes = default_modes(dev)
+        left_out = [m for m in SLOW_ON_CPU if m not in modes]
+        if left_out and not quiet:
+            print(
+                f"[benchmark] not running {', '.join(left_out)} on {dev.type}: "
+                "each takes many minutes at 100 tokens (ask with --modes all)",
+                flush=True,
+            )
+    modes = _check_modes(modes)
 
     book, tokenizer_path, standin = load_book_model(
         dev, dtype, model_path, out_dir, cfg, state_dict
@@ -408,50 +608,96 @@ def run_benchmark(
         token_ids = prompt_token_ids(tokenizer_path, prompt, dev)
     token_ids = token_ids.to(dev)
 
+    machine_bps = measure_read_bandwidth(dev, bandwidth_bytes)
+    if not quiet:
+        print(
+            f"[benchmark] memory read speed ({dev.type}, torch.sum over "
+            f"{bandwidth_bytes / 1024**3:.2f} GiB): {machine_bps / 1e9:.1f} GB/s",
+            flush=True,
+        )
     rows = []
     for mode in modes:
-        if not quiet:
-            print(f"[benchmark] {mode}: warming up ...", flush=True)
-        if "compiled" in mode:
-            torch._dynamo.reset()  # every compiled mode starts from scratch
-        with _PeakMemory(dev) as mem:
-            stream, timer, compiled = _prepare(mode, book, token_ids, max_new_tokens)
-            t0 = time.perf_counter()
-            with _cold_compile_caches(cold_compile and compiled):
-                warm = timer(stream, dev)
-            warmup_s = time.perf_counter() - t0
-            runs = [timer(stream, dev) for _ in range(repeats)]
-        row = _summarise(mode, runs, warmup_s, mem, dev, dtype, token_ids)
-        row["compiled"] = compiled
-        if warm["tokens"] != max_new_tokens:
-            row["note"] += f"; produced {warm['tokens']} tokens"
+        # each mode compiles into its own empty cache folder (cold_compile)
+        with _fresh_compile_cache(cold_compile):
+            row = _run_mode(mode, book, token_ids, max_new_tokens, repeats, dev, quiet)
+        if row is None:
+            continue
+        row["machine_read_gbps"] = machine_bps / 1e9
+        row["bandwidth_share"] = row["weight_read_gbps"] / row["machine_read_gbps"]
         rows.append(row)
         if not quiet:
             print(
-                f"[benchmark] {mode}: {row['tokens_per_sec']:.2f} tok/s, "
-                f"warm-up {warmup_s:.1f} s",
+                f"[benchmark] {mode}: {row['tokens_per_sec']:.2f} tok/s "
+                f"({row['bandwidth_share']:.0%} of the read speed), "
+                f"warm-up {row['warmup_s']:.1f} s",
                 flush=True,
             )
-        # Free this mode's extra copies (compiled graphs, int8 weights) so the
-        # next mode's memory figure is its own
-        del stream
-        if compiled:
-            torch._dynamo.reset()
-        gc.collect()
     _add_ratios(rows)
     for row in rows:
         row["standin"] = standin
+        row["dtype"] = str(dtype).removeprefix("torch.")
     return rows
 
 
-def _summarise(mode, runs, warmup_s, mem, dev, dtype, token_ids) -> dict[str, Any]:
+def _run_mode(mode, book, token_ids, n, repeats, dev, quiet):
+    """One row for `mode`, or None (after one printed line) if it is skipped."""
+    compiling = mode.endswith("_compiled") or mode == "fast_int8"
+    if compiling:
+        _forget_compiled_code()  # every compiled mode starts from scratch
+
+    def progress(what: str) -> str | None:
+        return None if quiet else f"[benchmark] {mode}: {what}"
+
+    with _PeakMemory(dev) as mem:
+        t0 = time.perf_counter()
+        try:
+            stream, timer, compiled, model = _prepare(mode, book, token_ids, n)
+        except ModeSkipped as exc:
+            print(f"[benchmark] {mode}: skipped, {exc}", flush=True)
+            return None
+        prepare_s = time.perf_counter() - t0
+        what = "warm-up, compiling (minutes on a CPU)" if compiled else "warm-up"
+        kwargs = {"progress": progress(what), "total": n}
+        if timer is not _time_stream:
+            kwargs = {}
+        warm = timer(stream, dev, **kwargs)
+        cached = None
+        if compiled:
+            _forget_compiled_code()
+            if timer is _time_stream:
+                kwargs["progress"] = progress("warm-up again, from the compile cache")
+            cached = timer(stream, dev, **kwargs)
+        runs = [timer(stream, dev) for _ in range(repeats)]
+    row = _summarise(mode, runs, warm["total_s"], mem, dev, token_ids)
+    row["compiled"] = compiled
+    row["warmup_cached_s"] = None if cached is None else cached["total_s"]
+    row["to_last_token_cold_s"] = prepare_s + warm["total_s"]
+    row["to_last_token_cached_s"] = (
+        None if cached is None else prepare_s + cached["total_s"]
+    )
+    row["weight_bytes_per_token"] = weight_bytes_per_token(model)
+    row["weight_read_gbps"] = (
+        row["weight_bytes_per_token"] * row["tokens_per_sec"] / 1e9
+    )
+    if warm["tokens"] != n:
+        row["note"] += f"; produced {warm['tokens']} tokens"
+    # Free this mode's extra copies (compiled graphs, int8 weights) so the
+    # next mode's memory figure is its own
+    del stream, model
+    if compiled:
+        _forget_compiled_code()
+    gc.collect()
+    return row
+
+
+def _summarise(mode, runs, warmup_s, mem, dev, token_ids) -> dict[str, Any]:
     decode_rates = [
         (r["tokens"] - 1) / max(r["total_s"] - r["ttft_s"], 1e-9) for r in runs
     ]
     return {
         "mode": mode,
         "device": str(dev),
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": None,
         "prompt_tokens": int(token_ids.shape[1]),
         "new_tokens": int(runs[0]["tokens"]),
         "tokens_per_sec": statistics.median(decode_rates),
@@ -480,23 +726,53 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
 # ---------------------------------------------------------------------------
 
 
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """A markdown table of the rows (speed, time to first token, warm-up,
-    peak memory, ratio to the book's KV-cache mode)."""
+    """A markdown table of the rows: speed, time to first token, warm-up cold
+    and cached, time to the last token, weight-read GB/s and its share of the
+    machine's read speed, peak memory, ratio to the book's KV-cache mode."""
+    n = rows[0]["new_tokens"] if rows else "N"
     header = (
         "| Mode | Tokens/sec (decode) | Tokens/sec (end to end) | TTFT (s) "
-        "| Warm-up (s) | Peak memory (GB) | vs kv_cache |"
+        "| Warm-up cold / cached (s) "
+        f"| To token {n} cold / cached (s) "
+        "| Weights read (GB/s) | Share of read speed "
+        "| Peak memory (GB) | vs kv_cache |"
     )
-    lines = [header, "|" + "---|" * 7]
+    lines = [header, "|" + "---|" * 10]
     for r in rows:
         ratio = r.get("ratio_vs_kv_cache")
         lines.append(
             f"| {r['mode']} | {r['tokens_per_sec']:.2f} "
             f"| {r['e2e_tokens_per_sec']:.2f} | {r['ttft_s']:.3f} "
-            f"| {r['warmup_s']:.1f} | {r['peak_mem_bytes'] / 1024**3:.2f} "
-            f"| {'-' if ratio is None else f'{ratio:.2f}x'} |"
+            f"| {r['warmup_s']:.1f} / {_num(r.get('warmup_cached_s'), '.1f')} "
+            f"| {_num(r.get('to_last_token_cold_s'), '.1f')} / "
+            f"{_num(r.get('to_last_token_cached_s'), '.1f')} "
+            f"| {_num(r.get('weight_read_gbps'), '.1f')} "
+            f"| {_num(r.get('bandwidth_share'), '.0%')} "
+            f"| {r['peak_mem_bytes'] / 1024**3:.2f} "
+            f"| {_num(ratio, '.2f')}{'' if ratio is None else 'x'} |"
         )
     return "\n".join(lines)
+
+
+def describe_bandwidth(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One line: the measured read speed and what it allows per token."""
+    if not rows or rows[0].get("machine_read_gbps") is None:
+        return ""
+    gbps = rows[0]["machine_read_gbps"]
+    parts = [f"Memory read speed measured in this run: {gbps:.1f} GB/s"]
+    for r in rows:
+        if r.get("weight_bytes_per_token"):
+            per_token = r["weight_bytes_per_token"] / 1e9
+            parts.append(
+                f"{r['mode']} reads {per_token:.2f} GB/token "
+                f"(limit {gbps / per_token:.0f} tok/s)"
+            )
+    return "; ".join(parts[:1]) + ".\n" + "\n".join(parts[1:])
 
 
 def _atomic_write_text(path: str | os.PathLike, text: str) -> Path:
@@ -581,7 +857,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--modes",
         default=None,
-        help=f"comma-separated subset of: {','.join(ALL_MODES)} (default: all)",
+        help=f"comma-separated subset of: {','.join(ALL_MODES)}, or all "
+        "(default: all but regular and regular_compiled on a CPU)",
     )
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--model-path", default=None, help="a book .pth file")
@@ -599,7 +876,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--warm-cache",
         action="store_true",
-        help="let torch.compile reuse its on-disk caches (shorter warm-up)",
+        help="use torch.compile's usual on-disk cache instead of a fresh one "
+        "(the cold warm-up may then be shorter)",
     )
     return p
 
@@ -641,6 +919,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print()
     print(format_table(rows))
+    print(describe_bandwidth(rows))
     if rows and rows[0].get("standin"):
         from utils.standin import BANNER
 

@@ -5,6 +5,9 @@ first call, which is where a missing C++ compiler, missing Python headers or
 an unsupported backend shows up. `try_compile` therefore runs a warm-up call
 and, if compiling fails, explains why and hands back the eager model so the
 notebook can carry on.
+
+Every compile here first applies the book's dynamo setting
+(`apply_book_dynamo_setting`), so compiled models behave as in Chapter 2.
 """
 
 from __future__ import annotations
@@ -78,6 +81,38 @@ class CompileResult:
         return iter((self.model, self.compiled))
 
 
+BOOK_SETTING_MIN_TORCH = (2, 8)
+
+
+def torch_version() -> tuple[int, int]:
+    """(major, minor) of the installed PyTorch, e.g. (2, 10)."""
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def apply_book_dynamo_setting() -> bool:
+    """The book's line before `torch.compile`: on PyTorch >= 2.8 set
+    `torch._dynamo.config.allow_unspec_int_on_nn_module = True`.
+
+    Without it dynamo bakes integer attributes of a module (the book's
+    `self.current_pos`, which moves by one per cached token) into the graph
+    as constants, so the KV-cache model recompiles at every step until
+    `recompile_limit` and then runs eagerly. The setting is process-wide, as
+    in the book. Returns True when it was set.
+    """
+    if torch_version() < BOOK_SETTING_MIN_TORCH:
+        return False
+    torch._dynamo.config.allow_unspec_int_on_nn_module = True
+    return True
+
+
+def book_compile(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
+    """`torch.compile(model)` the way the book does it: the book's dynamo
+    setting first (see `apply_book_dynamo_setting`)."""
+    apply_book_dynamo_setting()
+    return torch.compile(model, **compile_kwargs)
+
+
 def compile_hint(error: BaseException) -> str:
     """Advice on how to fix a compilation error, based on its text."""
     text = "".join(traceback.format_exception_only(type(error), error))
@@ -120,6 +155,9 @@ def try_compile(
     the eager `model` instead. If `warmup` also fails in eager mode, the error
     has nothing to do with compiling and is raised.
     `compile_kwargs` go to `torch.compile` (e.g. `backend`, `mode`).
+    Like the book, it sets `allow_unspec_int_on_nn_module` first (PyTorch
+    >= 2.8) so the KV-cache model's moving position does not recompile
+    `forward` at every step (see `apply_book_dynamo_setting`).
     """
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model)!r}")
@@ -129,7 +167,7 @@ def try_compile(
             "lambda m: m(token_ids)"
         )
     try:
-        compiled = torch.compile(model, **compile_kwargs)
+        compiled = book_compile(model, **compile_kwargs)
         warmup(compiled)
     except Exception as exc:  # noqa: BLE001 - any compiler failure falls back
         error, hint = _short(exc), compile_hint(exc)
@@ -141,3 +179,14 @@ def try_compile(
             print("Continuing with the uncompiled (eager) model.")
         return CompileResult(model=model, compiled=False, error=error, hint=hint)
     return CompileResult(model=compiled, compiled=True)
+
+
+def compiler_works(device: torch.device | str = "cpu", quiet: bool = False) -> bool:
+    """Compile and run a two-layer toy model on `device` (a few seconds):
+    True if the toolchain works, else print why and how to fix it."""
+    torch.manual_seed(0)
+    toy = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.SiLU())
+    toy = toy.to(device)
+    x = torch.randn(2, 16, device=device)
+    with torch.no_grad():
+        return try_compile(toy, lambda m: m(x), quiet=quiet).compiled
