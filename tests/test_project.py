@@ -1,9 +1,12 @@
 """Project files that readers rely on stay consistent with each other."""
 
+import importlib.util
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -110,6 +113,25 @@ def test_newest_torch_script_is_valid_bash():
     script = ROOT / "scripts" / "check_newest_torch.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)
     assert "VERDICT" in script.read_text()
+
+
+def test_readme_download_sizes_match_the_lock():
+    """The per-platform table in the README is what uv.lock says today."""
+    if shutil.which("uv") is None:
+        pytest.skip("needs uv (the sizes are read with `uv export`)")
+    path = ROOT / "scripts" / "lock_download_sizes.py"
+    spec = importlib.util.spec_from_file_location("lock_download_sizes", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = {
+        ln.split("|")[1].strip(): ln
+        for ln in (ROOT / "README.md").read_text().splitlines()
+        if ln.startswith("| ") and " GB |" in ln
+    }
+    for label, (stack, rest) in module.sizes([]).items():
+        (row,) = [r for name, r in rows.items() if name.startswith(label)]
+        for size in (stack, rest, stack + rest):
+            assert f"{size / 1e9:.2f} GB" in row, (label, row)
 
 
 def test_readme_names_the_two_commands_that_ci_runs():
