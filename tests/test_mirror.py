@@ -204,6 +204,14 @@ def test_mirror_recipe_keeps_the_lock_and_its_versions(world):
     assert proc.stdout.strip() == "1.0"  # the locked version, not the mirror's 2.0
     assert (project / "uv.lock").read_bytes() == lock
 
+    # ...plain `uv run` too, and `--frozen` where a mirror is configured
+    # globally (e.g. in uv.toml): the environment matches, nothing is fetched.
+    for args, extra in ((["run"], {}), (["run", "--frozen"], with_mirror)):
+        served = len(mirror.served)
+        proc = run([*args, "python", "-c", code], project, {**offline, **extra})
+        assert proc.stdout.strip() == "1.0" and len(mirror.served) == served
+    assert (project / "uv.lock").read_bytes() == lock
+
     # What the recipe avoids: a plain sync re-resolves and rewrites uv.lock.
     run(["sync"], project, with_mirror)
     rewritten = (project / "uv.lock").read_text()
