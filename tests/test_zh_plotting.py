@@ -88,8 +88,8 @@ def test_with_a_cjk_font_chinese_labels_render(monkeypatch):
     monkeypatch.setenv(plotting.LANG_ENV, "zh")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "no font" warning either
-        title = plotting.chart_text("Generation speed on {device}", device="cpu")
-    assert title == "cpu 上的生成速度"
+        title = plotting.chart_text("This machine ({device})", device="cpu")
+    assert title == "本机（cpu）"
     assert plotting.find_cjk_font() in matplotlib.rcParams["font.family"]
     assert matplotlib.rcParams["font.family"][0] != plotting.find_cjk_font()
     assert not [m for m in draw(title) if "missing from font" in m]

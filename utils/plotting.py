@@ -69,9 +69,8 @@ INSTALL_HINT = (
 ZH_CHART_TEXT = {
     # 02_load-model
     "Qwen3 0.6B weights": "Qwen3 0.6B 权重大小",
-    "as loaded": "加载后（两份）",
-    "tied once": "共享权重只存一份",
-    "GB": "GB",
+    "as loaded": "加载后（输出层单独一份）",
+    "tied once": "共享权重只算一次",
     # 03_next-token
     "probability": "概率",
     "Top-10 next tokens after the prompt": "提示词之后概率最高的 10 个 token",
@@ -79,13 +78,15 @@ ZH_CHART_TEXT = {
     "KV cache (bfloat16)": "KV 缓存（bfloat16）",
     "model weights (bfloat16)": "模型权重（bfloat16）",
     "tokens in the sequence": "序列中的 token 数",
-    "GiB": "GiB",
     "KV cache memory of Qwen3 0.6B": "Qwen3 0.6B 的 KV 缓存内存占用",
     # 06_compile
-    "tokens/sec (higher is better)": "每秒 token 数（越高越好）",
+    "Regular": "常规",
+    "Regular compiled": "常规 + 编译",
+    "KV cache": "KV 缓存",
+    "KV cache compiled": "KV 缓存 + 编译",
     "tokens/sec": "每秒 token 数",
-    "Generation speed on {device}": "{device} 上的生成速度",
     "Table 2.1 from the book next to this machine": "书中表 2.1 与本机结果对比",
+    "This machine ({device})": "本机（{device}）",
 }
 
 _warned_no_font = False
