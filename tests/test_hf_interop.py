@@ -433,3 +433,116 @@ def test_download_reads_hf_endpoint_at_call_time(tmp_path, monkeypatch):
     assert repo_id == "Qwen/Qwen3-0.6B"
     assert kwargs["endpoint"] == "https://mirror.example"
     assert {"config.json", "model.safetensors"} <= set(kwargs["allow_patterns"])
+
+
+# --------------------------------------------------------------------------
+# import-qwen3: an official folder -> the book's verified files
+# --------------------------------------------------------------------------
+
+
+def official_folder(path, kind="base", seed=12, **save_kwargs):
+    """What `save_pretrained` writes for a (tiny, random, bf16) Qwen3 plus the
+    Qwen3 tokenizer.json, i.e. the layout of Qwen/Qwen3-0.6B(-Base)."""
+    from utils.standin import write_standin_tokenizer
+
+    hf = random_hf_model(tied=True, seed=seed).to(torch.bfloat16)
+    hf.config.eos_token_id = 151643 if kind == "base" else 151645
+    hf.save_pretrained(path, **save_kwargs)
+    write_standin_tokenizer(path / "tokenizer.json")
+    (path / "tokenizer.json.STANDIN.json").unlink()  # a plain downloaded file
+    return path
+
+
+@pytest.mark.parametrize("kind", ["base", "reasoning"])
+def test_import_qwen3_gives_verified_files_with_transformers_logits(
+    tmp_path, kind, capsys, monkeypatch
+):
+    from reasoning_from_scratch import qwen3
+    from reasoning_from_scratch.qwen3 import Qwen3Tokenizer
+
+    from utils.download import download_qwen3_small, is_verified
+
+    src = official_folder(tmp_path / "src", kind, max_shard_size="100KB")
+    out = tmp_path / "qwen3"
+    # the command accepts Qwen3-0.6B only; here "0.6B" is the tiny config
+    monkeypatch.setattr(qwen3, "QWEN_CONFIG_06_B", {**TINY, "dtype": torch.bfloat16})
+    assert hf_interop.main(["import-qwen3", str(src), "--kind", kind,
+                            "--out-dir", str(out)]) == 0  # fmt: skip
+    assert f"qwen3-0.6B-{kind}.pth" in capsys.readouterr().out
+    model_path = out / f"qwen3-0.6B-{kind}.pth"
+    tok_path = out / f"tokenizer-{kind}.json"
+    assert is_verified(model_path) and is_verified(tok_path)
+    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".json")) == [
+        model_path.name
+    ]  # no temporary files left behind
+
+    sd = torch.load(model_path, weights_only=True)
+    assert {v.dtype for v in sd.values()} == {torch.bfloat16}  # as the book's
+    ours = book_model(sd, TINY)  # float32 copy of the same bf16 weights
+    hf = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    ids = random_ids(seed=13)
+    with torch.no_grad():
+        assert_logits_close(ours(ids), hf.eval()(ids).logits)
+
+    tok = Qwen3Tokenizer(tok_path)  # end of sequence follows the file name
+    assert tok.eos_token_id == (151643 if kind == "base" else 151645)
+
+    # The notebooks' download call now finds the files and makes no request.
+    monkeypatch.delenv("QWEN3_STANDIN", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # would fail if used
+    files = download_qwen3_small(kind, out_dir=out)
+    assert (files.model, files.standin) == (model_path, False)
+    assert "already downloaded and verified" in capsys.readouterr().out
+
+
+def test_import_replaces_standins_and_refuses_wrong_folders(tmp_path, capsys):
+    from utils.download import is_verified
+    from utils.standin import is_standin, write_standin_weights
+
+    src = official_folder(tmp_path / "src", "reasoning")
+    out = tmp_path / "qwen3"
+    stand_in = write_standin_weights(out / "qwen3-0.6B-base.pth", "base", TINY)
+    assert is_standin(stand_in)
+
+    with pytest.raises(ValueError, match="reasoning model.*--kind"):
+        hf_interop.import_qwen3(src, "base", out, require_06b=False)
+    with pytest.raises(ValueError, match="not Qwen3-0.6B.*emb_dim"):
+        hf_interop.import_qwen3(src, "reasoning", out)  # the tiny model
+    assert hf_interop.main(["import-qwen3", str(src), "--kind", "reasoning",
+                            "--out-dir", str(out)]) == 1  # fmt: skip
+    assert "not Qwen3-0.6B" in capsys.readouterr().err
+
+    (src / "config.json").write_text(
+        (src / "config.json").read_text().replace("151645", "151643")
+    )
+    (src / "tokenizer.json").rename(src / "tok.json")
+    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+        hf_interop.import_qwen3(src, "base", out, require_06b=False)
+    (src / "tokenizer.json").write_text('{"added_tokens": []}')
+    with pytest.raises(ValueError, match="not the Qwen3 tokenizer"):
+        hf_interop.import_qwen3(src, "base", out, require_06b=False)
+    assert is_standin(stand_in) and not is_verified(stand_in)  # untouched
+
+    (src / "tok.json").replace(src / "tokenizer.json")
+    hf_interop.import_qwen3(src, "base", out, require_06b=False)
+    assert is_verified(stand_in) and not is_standin(stand_in)
+
+
+def test_import_that_fails_midway_leaves_the_old_files(tmp_path, monkeypatch):
+    from utils.download import is_verified
+
+    src = official_folder(tmp_path / "src")
+    out = tmp_path / "qwen3"
+    files = hf_interop.import_qwen3(src, "base", out, require_06b=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def broken_save(obj, f):
+        Path(f).write_bytes(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    official_folder(tmp_path / "src2", seed=99)
+    with pytest.raises(OSError, match="disk full"):
+        hf_interop.import_qwen3(tmp_path / "src2", "base", out, require_06b=False)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert all(is_verified(p) for p in files)

@@ -9,6 +9,9 @@ is a pure renaming plus the tied output head:
 * `load_hf_checkpoint` reads an official `Qwen/Qwen3-0.6B(-Base)` folder
   (downloaded from Hugging Face or ModelScope) into the book's format, so
   `Qwen3Model(cfg).load_state_dict(sd)` works.
+* `import_qwen3` (command line: `python -m utils.hf_interop import-qwen3
+  PATH --kind base`) turns such a folder into the book's verified
+  `qwen3-0.6B-<kind>.pth` and `tokenizer-<kind>.json`.
 * `export_hf_folder` writes book-format weights as a Hugging Face folder
   that `transformers`, vLLM and SGLang load directly.
 """
@@ -19,14 +22,18 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+if TYPE_CHECKING:
+    from utils.download import Qwen3Files
 
 ENDOFTEXT_ID = 151643  # <|endoftext|>: bos/pad of Qwen3, eos of the base model
 IM_END_ID = 151645  # <|im_end|>: eos of the reasoning (chat) model
@@ -658,3 +665,164 @@ def _replace_dir(src: Path, dest: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         old.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------
+# Importing an official Qwen3 folder as the book's files
+# --------------------------------------------------------------------------
+
+# The end-of-sequence id each kind's config.json names (base / chat model).
+_KIND_EOS = {"base": ENDOFTEXT_ID, "reasoning": IM_END_ID}
+
+
+def _config_eos_ids(hf_config: Mapping[str, Any]) -> set[int]:
+    eos = hf_config.get("eos_token_id")
+    if eos is None:
+        return set()
+    return {int(i) for i in (eos if isinstance(eos, list) else [eos])}
+
+
+def _check_kind(hf_config: Mapping[str, Any], kind: str, folder: Path) -> None:
+    """Refuse a base folder imported as "reasoning" and vice versa."""
+    eos = _config_eos_ids(hf_config) & set(_KIND_EOS.values())
+    if not eos or _KIND_EOS[kind] in eos:
+        return
+    other = next(k for k, v in _KIND_EOS.items() if v in eos)
+    raise ValueError(
+        f"{folder} looks like the {other} model (config.json has "
+        f"eos_token_id={hf_config['eos_token_id']}), not {kind!r}: Qwen3-0.6B-Base "
+        f"is --kind base, Qwen3-0.6B is --kind reasoning."
+    )
+
+
+def _check_tokenizer(path: Path) -> None:
+    """A Qwen3 tokenizer.json has <|endoftext|> and <|im_end|> at fixed ids."""
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"No tokenizer.json in {path.parent}; download it together with "
+            f"config.json and the *.safetensors files."
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        added = {t["content"]: t["id"] for t in data.get("added_tokens", [])}
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"{path} is not a tokenizer.json file ({exc}).") from None
+    want = {"<|endoftext|>": ENDOFTEXT_ID, "<|im_end|>": IM_END_ID}
+    if any(added.get(tok) != i for tok, i in want.items()):
+        raise ValueError(
+            f"{path} is not the Qwen3 tokenizer (it lacks <|endoftext|>={ENDOFTEXT_ID}"
+            f" and <|im_end|>={IM_END_ID}); use the folder of Qwen/Qwen3-0.6B-Base "
+            f"or Qwen/Qwen3-0.6B."
+        )
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def import_qwen3(
+    src: str | os.PathLike,
+    kind: str,
+    out_dir: str | os.PathLike = "qwen3",
+    *,
+    require_06b: bool = True,
+) -> Qwen3Files:
+    """Turn an official Qwen3 folder into the book's verified files.
+
+    `src` holds config.json, tokenizer.json and the safetensors weights (as
+    downloaded from Hugging Face or ModelScope). Writes `qwen3-0.6B-<kind>.pth`
+    (bfloat16, the book's key names) and `tokenizer-<kind>.json` to `out_dir`
+    with the verification record `download_qwen3_small` accepts, so the
+    notebooks use them without a download. Returns `utils.download.Qwen3Files`.
+    """
+    from utils import download
+
+    tok_name, model_name = download.file_names(kind)
+    folder, _ = _find_weight_files(Path(src))
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(
+            f"No config.json in {folder}; download it together with the weights."
+        )
+    hf_config = json.loads(config_path.read_text())
+    _check_kind(hf_config, kind, folder)
+    _check_tokenizer(folder / "tokenizer.json")
+    sd, cfg = load_hf_checkpoint(folder, dtype=torch.bfloat16)
+    if require_06b:
+        from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B
+
+        if cfg != QWEN_CONFIG_06_B:
+            diff = sorted(k for k in cfg if cfg[k] != QWEN_CONFIG_06_B.get(k))
+            raise ValueError(
+                f"{folder} is not Qwen3-0.6B (differs in {diff}); the notebooks "
+                f"build the 0.6B model. Use Qwen/Qwen3-0.6B-Base or Qwen/Qwen3-0.6B."
+            )
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    source = f"import-qwen3 from {folder.resolve()}"
+    check = "converted from the official safetensors"
+    staged: list[Path] = []
+    try:
+        for name in (model_name, tok_name):
+            fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".part")
+            os.close(fd)
+            staged.append(Path(tmp))
+        model_tmp, tok_tmp = staged
+        torch.save(sd, model_tmp)
+        shutil.copyfile(folder / "tokenizer.json", tok_tmp)
+        for tmp, name in ((model_tmp, model_name), (tok_tmp, tok_name)):
+            download._install(tmp, out / name, source, check, _sha256(tmp))
+    finally:
+        for tmp in staged:
+            tmp.unlink(missing_ok=True)
+    return download.Qwen3Files(
+        tokenizer=out / tok_name, model=out / model_name, standin=False
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: `python -m utils.hf_interop import-qwen3 PATH --kind base`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m utils.hf_interop",
+        description="Convert between official Qwen3 checkpoints and the book's files.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    imp = sub.add_parser(
+        "import-qwen3",
+        help="official Qwen3-0.6B(-Base) folder -> the book's .pth + tokenizer",
+        description=(
+            "Convert a folder downloaded from Hugging Face or ModelScope "
+            "(config.json, tokenizer.json, *.safetensors) into the book's "
+            "qwen3-0.6B-<kind>.pth and tokenizer-<kind>.json."
+        ),
+    )
+    imp.add_argument("path", help="folder with config.json, tokenizer.json, weights")
+    imp.add_argument(
+        "--kind",
+        required=True,
+        choices=["base", "reasoning"],
+        help="base for Qwen3-0.6B-Base, reasoning for Qwen3-0.6B",
+    )
+    imp.add_argument("--out-dir", default="qwen3", help="default: ./qwen3")
+    args = parser.parse_args(argv)
+    try:
+        files = import_qwen3(args.path, args.kind, args.out_dir)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for path in files:
+        print(f"Wrote {path} ({path.stat().st_size / 1e6:.1f} MB), verified")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,201 @@
+"""The Chinese notebooks in `zh/` cannot drift from the English ones.
+
+Same code cells in the same order (comments may be translated), the same
+checked outputs, every notebook present, the markdown actually translated,
+and every chart label the notebooks pass to `chart_text` translated.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from utils.plotting import ZH_CHART_TEXT
+
+ROOT = Path(__file__).resolve().parents[1]
+EN_DIR = ROOT / "ch02" / "01_main-chapter-code"
+ZH_DIR = EN_DIR / "zh"
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def load_sync():
+    """scripts/sync_zh_notebooks.py as a module (scripts/ is no package)."""
+    path = ROOT / "scripts" / "sync_zh_notebooks.py"
+    spec = importlib.util.spec_from_file_location("sync_zh_notebooks", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sync = load_sync()
+ENGLISH = sync.english_notebooks(EN_DIR)
+
+
+def checked(cell) -> bool:
+    return cell.cell_type == "code" and any(
+        line.strip() == "# NBVAL_CHECK_OUTPUT" for line in cell.source.splitlines()
+    )
+
+
+def drift(en, zh) -> list[str]:
+    """Every way the zh notebook's code differs from the English one."""
+    problems = []
+    en_code = [c for c in en.cells if c.cell_type == "code"]
+    zh_code = [c for c in zh.cells if c.cell_type == "code"]
+    if len(en_code) != len(zh_code):
+        problems.append(f"{len(zh_code)} code cells, English has {len(en_code)}")
+    for i, (a, b) in enumerate(zip(en_code, zh_code, strict=False)):
+        if sync.strip_comments(a.source) != sync.strip_comments(b.source):
+            problems.append(f"code cell {i} ({a.get('id')}) differs")
+        elif checked(a) and a.outputs != b.outputs:
+            problems.append(f"checked output of code cell {i} ({a.get('id')}) differs")
+    return problems
+
+
+def test_english_notebooks_exist():
+    assert len(ENGLISH) >= 6, [p.name for p in ENGLISH]
+
+
+@pytest.mark.parametrize("en_path", ENGLISH, ids=lambda p: p.stem)
+def test_zh_notebook_matches_the_english_code(en_path):
+    zh_path = ZH_DIR / en_path.name
+    assert zh_path.is_file(), (
+        f"{zh_path.relative_to(ROOT)} is missing; run "
+        f"`uv run python scripts/sync_zh_notebooks.py` and translate its markdown"
+    )
+    en = nbformat.read(en_path, as_version=4)
+    zh = nbformat.read(zh_path, as_version=4)
+    assert drift(en, zh) == [], "run scripts/sync_zh_notebooks.py"
+
+
+@pytest.mark.parametrize("en_path", ENGLISH, ids=lambda p: p.stem)
+def test_zh_markdown_is_translated(en_path):
+    zh_path = ZH_DIR / en_path.name
+    if not zh_path.is_file():
+        pytest.fail(f"{zh_path.name} is missing")
+    en = nbformat.read(en_path, as_version=4)
+    zh = nbformat.read(zh_path, as_version=4)
+    _, untranslated = sync.sync_notebook(en, zh, en_path.name)
+    assert untranslated == [], f"markdown cells still in English: {untranslated}"
+    titles = [c.source for c in zh.cells if c.cell_type == "markdown"][:1]
+    assert titles and CJK.search(titles[0]), "the first markdown cell is the title"
+
+
+def chart_text_literals(source: str) -> list[str]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    return [
+        node.args[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", None)) == "chart_text"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ]
+
+
+def test_every_chart_label_in_the_notebooks_has_a_translation():
+    used = {
+        text
+        for path in ENGLISH
+        for cell in nbformat.read(path, as_version=4).cells
+        if cell.cell_type == "code"
+        for text in chart_text_literals(cell.source)
+    }
+    missing = sorted(used - set(ZH_CHART_TEXT))
+    assert missing == [], f"add these to utils.plotting.ZH_CHART_TEXT: {missing}"
+
+
+# --------------------------------------------------------------------------
+# The checks and the sync tool themselves
+# --------------------------------------------------------------------------
+
+
+def code(source, cell_id, outputs=()):
+    cell = nbformat.v4.new_code_cell(source, id=cell_id)
+    cell.outputs = [nbformat.from_dict(o) for o in outputs]
+    return cell
+
+
+def md(source, cell_id):
+    return nbformat.v4.new_markdown_cell(source, id=cell_id)
+
+
+def toy_english():
+    out = {"output_type": "stream", "name": "stdout", "text": "42\n"}
+    return nbformat.v4.new_notebook(
+        cells=[
+            md("# Title", "t"),
+            code(
+                "# NBVAL_CHECK_OUTPUT\nx = 6 * 7  # the answer\nprint(x)", "c1", [out]
+            ),
+            md("More text.", "m"),
+            code("!pip list  # shell\ny = x", "c2"),
+        ]
+    )
+
+
+def test_comments_may_differ_code_may_not():
+    strip = sync.strip_comments
+    assert strip("x = 1  # one\n# note\ny = 2") == strip("x = 1  # 一\n\ny = 2")
+    assert strip("s = '# not a comment'") != strip("s = '# 不是注释'")
+    assert strip("# NBVAL_CHECK_OUTPUT\nx") != strip("x")
+    assert (
+        strip("!pip list  # shell\n%cd ..  # up") == "!pip list  # shell\n%cd ..  # up"
+    )
+    assert strip("!echo don't  # x\n# y\nz = 1  # z") == "!echo don't  # x\nz = 1"
+    assert strip('s = """\n# in a string\n"""') == 's = """\n# in a string\n"""'
+
+
+def test_drift_is_found_and_sync_repairs_it(tmp_path):
+    en = toy_english()
+    zh = sync.sync_notebook(en, None, "toy")[0]
+    zh.cells[0].source = "# 标题"
+    zh.cells[2].source = "更多说明。"
+    zh.cells[1].source = zh.cells[1].source.replace("the answer", "答案")
+    assert drift(en, zh) == []
+    assert sync.sync_notebook(en, zh, "toy")[1] == []
+
+    broken = nbformat.from_dict(zh)
+    broken.cells[1].source = broken.cells[1].source.replace("6 * 7", "7 * 6")
+    assert drift(en, broken) == ["code cell 0 (c1) differs"]
+    broken = nbformat.from_dict(zh)
+    broken.cells[1].outputs[0].text = "41\n"
+    assert drift(en, broken) == ["checked output of code cell 0 (c1) differs"]
+    broken = nbformat.from_dict(zh)
+    del broken.cells[3]
+    assert drift(en, broken) == ["1 code cells, English has 2"]
+
+    # The English notebook changes: a code cell is edited, one is added, a
+    # markdown cell is added; sync keeps every translation that still fits.
+    en.cells[3].source = "!pip list\ny = x + 1"
+    en.cells.insert(3, md("New English text.", "m2"))
+    en.cells.append(code("print(y)", "c3"))
+    zh.cells.insert(1, md("仅中文版的提示。", "zh-only"))
+    new, untranslated = sync.sync_notebook(en, broken, "toy")
+    assert drift(en, new) == []
+    assert untranslated == ["m2"]
+    assert [c.id for c in new.cells] == ["t", "c1", "m", "m2", "c2", "c3"]
+    assert new.cells[1].source.endswith("# 答案\nprint(x)")  # comment kept
+    new, _ = sync.sync_notebook(en, zh, "toy")
+    assert [c.id for c in new.cells][:3] == ["t", "zh-only", "c1"]
+
+
+def test_sync_writes_missing_notebooks_and_check_reports(tmp_path, capsys):
+    en_dir, zh_dir = tmp_path / "en", tmp_path / "en" / "zh"
+    en_dir.mkdir()
+    nbformat.write(toy_english(), en_dir / "01_toy.ipynb")
+    assert sync.sync(en_dir, zh_dir, check=True) == 1
+    assert not zh_dir.exists()
+    assert sync.sync(en_dir, zh_dir) == 1
+    assert "markdown still in English: t, m" in capsys.readouterr().out
+    assert sync.sync(en_dir, zh_dir, check=True) == 0
+    assert sync.main(["--check"]) in (0, 1)  # the real folders: runs

@@ -1,0 +1,161 @@
+"""Chart text in the notebook's language, and a font that can draw Chinese.
+
+The English notebooks and their Chinese copies in `zh/` share every code
+cell, so a chart cell writes its labels through `chart_text`:
+
+    ax.set_title(chart_text("KV cache memory of Qwen3 0.6B"))
+
+In a notebook that runs in a folder named `zh` (or with `CH02_LANG=zh`) this
+returns the Chinese label from `ZH_CHART_TEXT` and makes matplotlib use a CJK
+font; elsewhere it returns the English text unchanged. Where no CJK font is
+installed the labels stay English and one warning says which font to install,
+so a chart never shows empty boxes in place of characters.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from pathlib import Path
+
+LANG_ENV = "CH02_LANG"
+
+# Font family names (as matplotlib reports them) with Chinese glyphs, most
+# common first: Linux (Noto/Source Han/WenQuanYi), Windows (YaHei, SimHei),
+# macOS (PingFang, Hiragino, Heiti, Arial Unicode).
+CJK_FONTS = (
+    "Noto Sans CJK SC",
+    "Noto Sans SC",
+    "Source Han Sans SC",
+    "Source Han Sans CN",
+    "Microsoft YaHei",
+    "PingFang SC",
+    "Hiragino Sans GB",
+    "Heiti SC",
+    "STHeiti",
+    "SimHei",
+    "WenQuanYi Zen Hei",
+    "WenQuanYi Micro Hei",
+    "Noto Sans CJK JP",
+    "Noto Sans CJK TC",
+    "Source Han Sans",
+    "Droid Sans Fallback",
+    "Arial Unicode MS",
+)
+# Font files that may hold one of them; matplotlib's font cache does not see
+# fonts installed after it was built, so these are registered on demand.
+_CJK_FILE_HINTS = (
+    "notosanscjk",
+    "notosanssc",
+    "sourcehansans",
+    "msyh",
+    "pingfang",
+    "hiragino sans gb",
+    "stheiti",
+    "simhei",
+    "wqy",
+    "droidsansfallback",
+    "arial unicode",
+)
+
+INSTALL_HINT = (
+    "install one, e.g. `sudo apt install fonts-noto-cjk` (Debian/Ubuntu), "
+    "`sudo dnf install google-noto-sans-cjk-fonts` (Fedora); Windows and macOS "
+    "ship Microsoft YaHei / PingFang"
+)
+
+# English chart text used in the notebooks -> the Chinese edition's wording.
+ZH_CHART_TEXT = {
+    # 02_load-model
+    "Qwen3 0.6B weights": "Qwen3 0.6B 权重大小",
+    "as loaded": "加载后（输出层单独一份）",
+    "tied once": "共享权重只算一次",
+    # 03_next-token
+    "probability": "概率",
+    "Top-10 next tokens after the prompt": "提示词之后概率最高的 10 个 token",
+    # 05_kv-cache
+    "KV cache (bfloat16)": "KV 缓存（bfloat16）",
+    "model weights (bfloat16)": "模型权重（bfloat16）",
+    "tokens in the sequence": "序列中的 token 数",
+    "KV cache memory of Qwen3 0.6B": "Qwen3 0.6B 的 KV 缓存内存占用",
+    # 06_compile
+    "Regular": "常规",
+    "Regular compiled": "常规 + 编译",
+    "KV cache": "KV 缓存",
+    "KV cache compiled": "KV 缓存 + 编译",
+    "tokens/sec": "每秒 token 数",
+    "Table 2.1 from the book next to this machine": "书中表 2.1 与本机结果对比",
+    "This machine ({device})": "本机（{device}）",
+}
+
+_warned_no_font = False
+
+
+def notebook_language() -> str:
+    """ "zh" for a notebook in a `zh` folder (or `CH02_LANG=zh`), else "en"."""
+    lang = os.environ.get(LANG_ENV, "").strip().lower()
+    if lang in {"zh", "en"}:
+        return lang
+    return "zh" if Path.cwd().name == "zh" else "en"
+
+
+@functools.cache
+def find_cjk_font() -> str | None:
+    """The first of `CJK_FONTS` matplotlib can use, or None.
+
+    Registers matching font files installed after matplotlib built its cache.
+    """
+    from matplotlib import font_manager
+
+    def installed() -> set[str]:
+        return {f.name for f in font_manager.fontManager.ttflist}
+
+    names = installed()
+    if not names & set(CJK_FONTS):
+        for path in font_manager.findSystemFonts():
+            if any(h in Path(path).name.lower() for h in _CJK_FILE_HINTS):
+                try:
+                    font_manager.fontManager.addfont(path)
+                except (OSError, RuntimeError, ValueError):
+                    continue  # unreadable file: try the next one
+        names = installed()
+    return next((name for name in CJK_FONTS if name in names), None)
+
+
+def use_cjk_font() -> str | None:
+    """Let matplotlib draw Chinese: add a CJK font as the fallback family.
+
+    Returns the font's name; without one, warns once (naming what to install)
+    and returns None.
+    """
+    global _warned_no_font
+    import matplotlib
+
+    name = find_cjk_font()
+    if name is None:
+        if not _warned_no_font:
+            _warned_no_font = True
+            warnings.warn(
+                f"No font with Chinese glyphs found for matplotlib (looked for "
+                f"{', '.join(CJK_FONTS[:6])}, ...); chart labels stay in "
+                f"English. To see them in Chinese, {INSTALL_HINT}, then restart "
+                f"the kernel.",
+                stacklevel=2,
+            )
+        return None
+    families = list(matplotlib.rcParams["font.family"])
+    if name not in families:
+        # Latin text keeps the current font; characters it lacks come from
+        # the CJK font (matplotlib's per-glyph fallback).
+        matplotlib.rcParams["font.family"] = [*families, name]
+    return name
+
+
+def chart_text(text: str, /, **fields: object) -> str:
+    """`text` in the notebook's language (see module docstring), formatted
+    with `fields`; English where no CJK font or no translation exists."""
+    if notebook_language() == "zh" and text in ZH_CHART_TEXT:
+        if use_cjk_font() is not None:
+            text = ZH_CHART_TEXT[text]
+    return text.format(**fields) if fields else text
