@@ -27,7 +27,7 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --notebooks) notebooks="$2"; shift 2 ;;
         --torch) torch_spec="$2"; shift 2 ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
