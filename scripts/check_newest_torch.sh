@@ -12,7 +12,7 @@
 # Not part of `uv run pytest`: it downloads a full torch build (on Linux
 # x86-64 about 3 GB with its CUDA wheels) and re-executes the notebooks.
 #
-# Usage (from anywhere; needs uv and network access to PyPI):
+# Usage (from anywhere; paths relative to the repository root; needs uv and PyPI):
 #   scripts/check_newest_torch.sh                 # unit tests + every notebook
 #   scripts/check_newest_torch.sh --notebooks ch02/01_main-chapter-code/01_tokenizer.ipynb,...
 #   scripts/check_newest_torch.sh --torch 2.13.0  # a given release instead
@@ -27,7 +27,7 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --notebooks) notebooks="$2"; shift 2 ;;
         --torch) torch_spec="$2"; shift 2 ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
