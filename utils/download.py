@@ -4,7 +4,9 @@
 
 1. the Hugging Face repo `rasbt/qwen3-from-scratch` through `huggingface_hub`
    (`HF_ENDPOINT` and `HF_HUB_DISABLE_XET` are read at call time, so a mirror
-   set in a running notebook works);
+   set in a running notebook works). The library resumes a dropped connection
+   within a call but discards a partial file, so across runs only a finished
+   file (kept in `.<name>.hub/` until installed) is reused;
 2. the book's backup mirror on Backblaze B2, over plain HTTPS with `requests`,
    resuming an interrupted download from `<name>.part` with HTTP Range.
 
