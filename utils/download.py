@@ -458,6 +458,12 @@ def _install(staged: Path, dest: Path, source: str, check: str, sha256: str) -> 
     )
 
 
+def install_file(staged: Path, dest: Path, source: str, check: str) -> None:
+    """Check a file obtained another way (e.g. converted from the official
+    checkpoints), move it to `dest` and record it as verified."""
+    _install(staged, dest, source, check, _hash_file(staged)["sha256"])
+
+
 def _size_str(n: int) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 

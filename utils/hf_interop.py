@@ -32,11 +32,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from utils.qwen3_tokenizer import ENDOFTEXT_ID, IM_END_ID
+
 if TYPE_CHECKING:
     from utils.download import Qwen3Files
 
-ENDOFTEXT_ID = 151643  # <|endoftext|>: bos/pad of Qwen3, eos of the base model
-IM_END_ID = 151645  # <|im_end|>: eos of the reasoning (chat) model
 
 # Book name -> Hugging Face name, inside one transformer block.
 _BLOCK_BOOK_TO_HF = {
@@ -716,16 +716,6 @@ def _check_tokenizer(path: Path) -> None:
         )
 
 
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def import_qwen3(
     src: str | os.PathLike,
     kind: str,
@@ -778,7 +768,7 @@ def import_qwen3(
         torch.save(sd, model_tmp)
         shutil.copyfile(folder / "tokenizer.json", tok_tmp)
         for tmp, name in ((model_tmp, model_name), (tok_tmp, tok_name)):
-            download._install(tmp, out / name, source, check, _sha256(tmp))
+            download.install_file(tmp, out / name, source, check)
     finally:
         for tmp in staged:
             tmp.unlink(missing_ok=True)
