@@ -106,7 +106,13 @@ def _unsupported_reason() -> str | None:
         return f"needs an x86-64 CPU (this is {platform.machine()})"
     if platform.system() == "Windows":
         return "building the kernel with MSVC is not supported"
-    if not torch.cpu._is_avx2_supported():
+    # The CPU's own flags (cpuinfo), not ATEN_CPU_CAPABILITY's choice
+    has_avx2 = getattr(torch.cpu, "_is_avx2_supported", None)
+    if has_avx2 is None:
+        capability = torch.backends.cpu.get_cpu_capability()
+        if capability not in ("AVX2", "AVX512"):
+            return f"needs AVX2 (torch reports {capability})"
+    elif not has_avx2():
         return "needs a CPU with AVX2"
     return None
 

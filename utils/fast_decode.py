@@ -17,10 +17,11 @@ qk-norm, grouped-query attention), arranged the way fast inference code is:
 On x86-64 CPUs with AVX2 the decode step's matrix-vector products run
 through small C kernels (`utils.cpu_matvec`) that stream the bf16 weights
 near the memory bandwidth; `FastQwen3.use_cpu_matvec(False)` turns them off.
-Eager decoding gives the book's greedy tokens on every CPU: its kernel is
-used only where it rounds exactly like `F.linear` (PyTorch's AVX2 path), and
-`F.linear` itself elsewhere (e.g. oneDNN on AVX-512 BF16 CPUs). The compiled
-step (fused attention, reordered float32 sums) is close but not bit-equal.
+Its eager kernel is used only where it rounds exactly like `F.linear`
+(PyTorch's AVX2 path), and `F.linear` itself elsewhere (e.g. oneDNN on
+AVX-512 BF16 CPUs). Eager decoding gives the book's greedy tokens where
+PyTorch takes its AVX2 path (tested); elsewhere rounding may differ. The
+compiled step (fused attention, reordered float32 sums) is close, not equal.
 
 Weight-only int8 (approximate) lives in `utils.quantize`; `pick_faster` times
 eager against compiled decoding on this machine.
