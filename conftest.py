@@ -3,7 +3,8 @@
 This file sits at the repository root so pytest loads it for every run,
 including runs that collect only notebooks (`uv run pytest ch02/...ipynb`).
 Stand-in files go to a temporary folder this run owns (`QWEN3_STANDIN_DIR`),
-never to a `qwen3/` folder where a reader keeps real downloads.
+never to a `qwen3/` folder where a reader keeps real downloads; the CPU
+kernels are built into another one (`QWEN3_KERNEL_CACHE`), not into ~/.cache.
 """
 
 import os
@@ -13,17 +14,21 @@ from pathlib import Path
 
 import pytest
 
-_OWN_STANDIN_DIR: list[str] = []
+_OWN_DIRS: list[tuple[str, str]] = []  # (environment variable, folder)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # Set before any notebook kernel starts, so nbval kernels inherit it too.
     os.environ.setdefault("QWEN3_STANDIN", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if not os.environ.get("QWEN3_STANDIN_DIR"):
-        folder = tempfile.mkdtemp(prefix="qwen3-standin-files-")
-        _OWN_STANDIN_DIR.append(folder)
-        os.environ["QWEN3_STANDIN_DIR"] = folder
+    for var, prefix in (
+        ("QWEN3_STANDIN_DIR", "qwen3-standin-files-"),
+        ("QWEN3_KERNEL_CACHE", "qwen3-kernels-"),
+    ):
+        if not os.environ.get(var):
+            folder = tempfile.mkdtemp(prefix=prefix)  # private: mode 700
+            _OWN_DIRS.append((var, folder))
+            os.environ[var] = folder
     # The sanitize file in addopts is relative to the repository root; make it
     # work when pytest is started from a subfolder too.
     sanitize = getattr(config.option, "nbval_sanitize_with", None)
@@ -34,8 +39,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    while _OWN_STANDIN_DIR:
-        folder = _OWN_STANDIN_DIR.pop()
+    while _OWN_DIRS:
+        var, folder = _OWN_DIRS.pop()
         shutil.rmtree(folder, ignore_errors=True)
-        if os.environ.get("QWEN3_STANDIN_DIR") == folder:
-            del os.environ["QWEN3_STANDIN_DIR"]
+        if os.environ.get(var) == folder:
+            del os.environ[var]

@@ -548,8 +548,9 @@ def pick_faster(
         rest = sorted(times[1:])  # the first step may compile
         return times[0], rest[len(rest) // 2]
 
-    _, eager_s = per_step(None)
-    compile_s, compiled_s = per_step(compiled)
+    with torch.inference_mode():  # as in generate: no guard mismatch
+        _, eager_s = per_step(None)
+        compile_s, compiled_s = per_step(compiled)
     if not compiled.failed and compiled_s < eager_s:
         choice = "compiled"
     else:
