@@ -324,9 +324,7 @@ class Notebook:
             )
         except Exception as exc:
             raise self.fail(f"not every cell ran: {exc}") from exc
-        self.page.keyboard.press("Control+s")
-        self.page.locator(".jp-mod-current.jp-mod-dirty").wait_for(state="detached")
-        saved = json.loads((self.lab.root / self.name).read_text(encoding="utf-8"))
+        saved = self.save()
         errors = [
             f"{out.get('ename')}: {out.get('evalue')}"
             for cell in saved["cells"]
@@ -344,6 +342,19 @@ class Notebook:
         for bad in ("Traceback", "Error displaying widget", "Failed to load model"):
             if bad in text:
                 raise self.fail(f"{bad!r} in the notebook page")
+
+    def save(self) -> dict[str, Any]:
+        """Save with Ctrl+S and return the notebook as written to disk."""
+        path = self.lab.root / self.name
+        before = path.stat().st_mtime_ns
+        self.page.keyboard.press("Control+s")
+        deadline = time.monotonic() + UI_S
+        while path.stat().st_mtime_ns == before:
+            if time.monotonic() > deadline:
+                raise self.fail("Ctrl+S did not save the notebook")
+            time.sleep(0.2)
+        # Jupyter writes a temp file and renames it: the new file is whole.
+        return json.loads(path.read_text(encoding="utf-8"))
 
     def widget(self, css_class: str) -> Any:
         """The rendered widget with `css_class` (the last one if several)."""
