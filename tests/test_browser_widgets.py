@@ -58,7 +58,10 @@ GENERATION_S = 300
 
 # Lab settings: every cell stays in the DOM; no news/update pop-ups.
 LAB_SETTINGS = {
-    "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+    "@jupyterlab/notebook-extension/tracker": {
+        "windowingMode": "none",
+        "autoStartDefaultKernel": True,  # no "Select Kernel" dialog
+    },
     "@jupyterlab/apputils-extension/notification": {
         "fetchNews": "false",
         "checkForUpdates": False,
@@ -283,6 +286,12 @@ class Notebook:
         self.page.goto(lab.page_url(name))
         self.panel = self.page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
         self.panel.locator(".jp-Cell").first.wait_for()
+        # Should a "Select Kernel" dialog still come up, take the default.
+        dialog = self.page.locator(".jp-Dialog", has_text="Select Kernel")
+        try:
+            dialog.locator("button", has_text="Select").click(timeout=5000)
+        except Exception:
+            pass  # no dialog
         # The kernel has started once the toolbar's indicator says idle.
         self.panel.locator(
             ".jp-Notebook-ExecutionIndicator[data-status='idle']"
