@@ -87,6 +87,7 @@ class TokenExplorer(_View):
         self.tokens_html = w.HTML()
         self.text_box.observe(lambda change: self.update(), names="value")
         self.widget = w.VBox([self.text_box, self.tokens_html])
+        self.widget.add_class("qwen3-token-explorer")  # hook for the browser test
         self.update()
 
     @property
@@ -287,6 +288,10 @@ class GenerationPanel(_View):
                 self.status,
             ]
         )
+        # Hooks for the browser test (tests/test_browser_widgets.py):
+        self.widget.add_class("qwen3-generation-panel")
+        self.output.add_class("qwen3-generation-output")
+        self.status.add_class("qwen3-generation-status")
 
     @property
     def running(self) -> bool:
