@@ -202,7 +202,10 @@ def test_corrupt_files_fail_with_one_line(env, tmp_path, broken, tmp_path_factor
 
 
 def test_console_scripts_are_declared():
-    import tomllib
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: the tomli backport (dev dependency)
+        import tomli as tomllib
 
     root = Path(__file__).resolve().parents[1]
     scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]

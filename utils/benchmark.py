@@ -444,29 +444,26 @@ def load_book_model(
     (None when a state dict was given) and whether stand-ins are in use."""
     from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model
 
-    from utils.standin import is_standin, print_standin_banner
+    from utils.download import download_qwen3_small, local_files
 
     tokenizer_path = None
     standin = False
     if state_dict is None:
         if model_path is None:
-            from utils.download import download_qwen3_small
-
             files = download_qwen3_small("base", out_dir=out_dir)
             model_path, tokenizer_path = files.model, files.tokenizer
             standin = files.standin
         else:
-            model_path = Path(model_path)
-            if not model_path.is_file():
+            guess = Path(model_path).with_name("tokenizer-base.json")
+            try:
+                model_path, tokenizer_path, standin = local_files(
+                    model_path, guess if guess.is_file() else None
+                )
+            except FileNotFoundError:
                 raise FileNotFoundError(
                     f"--model-path {model_path} does not exist; pass the book's "
                     f"qwen3-0.6B-*.pth file or leave it out to download."
-                )
-            standin = is_standin(model_path)
-            if standin:
-                print_standin_banner()
-            guess = model_path.with_name("tokenizer-base.json")
-            tokenizer_path = guess if guess.is_file() else None
+                ) from None
         state_dict = torch.load(model_path, map_location="cpu", weights_only=True)
     cfg = {**(cfg or QWEN_CONFIG_06_B), "dtype": dtype}
     with torch.device("meta"):

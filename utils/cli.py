@@ -133,20 +133,20 @@ def _check_fast(fast: bool, cache: bool) -> None:
 
 def _files(args: argparse.Namespace, kind: str) -> tuple[Path, Path, bool]:
     """Paths of tokenizer and weights: given explicitly, or via download."""
-    from utils.standin import is_standin, print_standin_banner
+    from utils.download import DownloadError, download_qwen3_small, local_files
 
     if (args.model_file is None) != (args.tokenizer_file is None):
         raise CliError("give both --model-file and --tokenizer-file, or neither.")
     if args.model_file is not None:
-        for path in (args.tokenizer_file, args.model_file):
-            if not path.is_file():
-                raise CliError(f"file not found: {path}")
-        standin = is_standin(args.model_file)
-        if standin:
+        try:
             with contextlib.redirect_stdout(sys.stderr):
-                print_standin_banner()
-        return args.tokenizer_file, args.model_file, standin
-    from utils.download import DownloadError, download_qwen3_small
+                model, tokenizer, standin = local_files(
+                    args.model_file, args.tokenizer_file
+                )
+        except FileNotFoundError as exc:
+            raise CliError(str(exc)) from None
+        assert tokenizer is not None
+        return tokenizer, model, standin
 
     try:
         with contextlib.redirect_stdout(sys.stderr):

@@ -106,6 +106,25 @@ class Qwen3Files:
             yield self.model
 
 
+def local_files(
+    model: str | os.PathLike, tokenizer: str | os.PathLike | None
+) -> tuple[Path, Path | None, bool]:
+    """(model, tokenizer, standin) for files the reader names explicitly (the
+    CLI's --model-file, the benchmark's --model-path): checks they exist and
+    prints the stand-in banner when the weights are a stand-in (sidecar or the
+    mark inside the checkpoint). Raises FileNotFoundError naming the path."""
+    from utils.standin import is_standin, print_standin_banner
+
+    paths = [Path(model)] + ([] if tokenizer is None else [Path(tokenizer)])
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(f"file not found: {path}")
+    standin = is_standin(paths[0])
+    if standin:
+        print_standin_banner()
+    return paths[0], (paths[1] if tokenizer is not None else None), standin
+
+
 class DownloadError(RuntimeError):
     """No source could deliver a file. `str()` is the whole message: each URL
     tried with its error, then `hint` (what to try)."""
