@@ -30,6 +30,7 @@ from tiny import (
 
 from utils import cpu_matvec
 from utils.fast_decode import FastQwen3, decode_one_token, generate, prefill
+from utils.fileio import atomic_write_bytes
 from utils.quantize import Int8Linear, quantize_int8
 
 REPO = Path(__file__).resolve().parents[1]
@@ -272,9 +273,9 @@ def test_damaged_library_is_rebuilt_in_a_fresh_process(kernels, tmp_path, damage
     good = target.read_bytes()
     # replaced, not modified in place: this test process never maps it
     if damage == "truncated":
-        cpu_matvec._write_atomic(target, good[: len(good) // 2])
+        atomic_write_bytes(target, good[: len(good) // 2])
     elif damage == "garbage":
-        cpu_matvec._write_atomic(target, b"\x7fELF" + os.urandom(4000))
+        atomic_write_bytes(target, b"\x7fELF" + os.urandom(4000))
     else:
         (tmp_path / (target.name + ".sha256")).unlink()
     second = run_python(USE_KERNEL, tmp_path)
@@ -292,7 +293,7 @@ def test_library_without_the_entry_points_is_rebuilt(kernels, tmp_path, capsys):
     cc = cpu_matvec._find_compiler()
     subprocess.run([cc, "-shared", "-fPIC", str(src), "-o", str(other)], check=True)
     os.replace(other, target)
-    cpu_matvec._write_atomic(
+    atomic_write_bytes(
         tmp_path / (target.name + ".sha256"), cpu_matvec._sha256(target).encode()
     )
     src.unlink()

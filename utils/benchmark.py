@@ -59,7 +59,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -67,6 +66,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from utils.fileio import atomic_write_text
 
 ALL_MODES = (
     "regular",
@@ -772,23 +773,9 @@ def describe_bandwidth(rows: Sequence[Mapping[str, Any]]) -> str:
     return "; ".join(parts[:1]) + ".\n" + "\n".join(parts[1:])
 
 
-def _atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def write_json(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
     """Write the rows as a JSON list (atomically)."""
-    return _atomic_write_text(path, json.dumps(list(rows), indent=2) + "\n")
+    return atomic_write_text(path, json.dumps(list(rows), indent=2) + "\n")
 
 
 def write_csv(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
@@ -800,7 +787,7 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Pat
     writer = csv.DictWriter(buf, fieldnames=fields)
     writer.writeheader()
     writer.writerows(rows)
-    return _atomic_write_text(path, buf.getvalue())
+    return atomic_write_text(path, buf.getvalue())
 
 
 def plot_results(

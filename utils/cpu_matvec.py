@@ -50,6 +50,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from utils.fileio import atomic_write_bytes
+
 __all__ = [
     "Kernels",
     "get_kernels",
@@ -149,17 +151,6 @@ def _verified(path: Path) -> bool:
         return _record(path).read_text().strip() == _sha256(path)
     except (OSError, RuntimeError):
         return False
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass(frozen=True)
@@ -316,7 +307,7 @@ def _build_and_load(cache_dir: Path) -> Kernels:
                 kernels = _load(fresh)  # loaded before the rename: never replaced
                 digest = _sha256(fresh)
                 os.replace(fresh, target)
-                _write_atomic(_record(target), digest.encode())
+                atomic_write_bytes(_record(target), digest.encode())
             finally:
                 fresh.unlink(missing_ok=True)
         if _OPENMP not in flags:
