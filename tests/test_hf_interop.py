@@ -495,7 +495,10 @@ def test_import_qwen3_gives_verified_files_with_transformers_logits(
     assert "already downloaded and verified" in capsys.readouterr().out
 
 
-def test_import_replaces_standins_and_refuses_wrong_folders(tmp_path, capsys):
+def test_import_replaces_standins_and_refuses_wrong_folders(
+    tmp_path, capsys, monkeypatch
+):
+    from utils import download
     from utils.download import is_verified
     from utils.standin import is_standin, write_standin_weights
 
@@ -503,6 +506,8 @@ def test_import_replaces_standins_and_refuses_wrong_folders(tmp_path, capsys):
     out = tmp_path / "qwen3"
     stand_in = write_standin_weights(out / "qwen3-0.6B-base.pth", "base", TINY)
     assert is_standin(stand_in)
+    # the install's content check expects the tiny model here, not 0.6B
+    monkeypatch.setattr(download, "MODEL_CONFIG", TINY)
 
     with pytest.raises(ValueError, match="reasoning model.*--kind"):
         hf_interop.import_qwen3(src, "base", out, require_06b=False)
@@ -529,8 +534,10 @@ def test_import_replaces_standins_and_refuses_wrong_folders(tmp_path, capsys):
 
 
 def test_import_that_fails_midway_leaves_the_old_files(tmp_path, monkeypatch):
+    from utils import download
     from utils.download import is_verified
 
+    monkeypatch.setattr(download, "MODEL_CONFIG", TINY)  # content check: tiny
     src = official_folder(tmp_path / "src")
     out = tmp_path / "qwen3"
     files = hf_interop.import_qwen3(src, "base", out, require_06b=False)
