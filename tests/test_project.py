@@ -146,3 +146,12 @@ def test_gitignore_keeps_weights_out():
     ignored = (ROOT / ".gitignore").read_text().splitlines()
     for pattern in ("qwen3/", "*.pth", "*.safetensors"):
         assert pattern in ignored
+
+
+def test_gpu_check_script_is_valid_bash_and_uses_real_modes():
+    from utils.benchmark import ALL_MODES
+
+    script = ROOT / "scripts" / "gpu_check.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    modes = script.read_text().split("--modes ", 1)[1].split()[0].split(",")
+    assert modes and set(modes) <= set(ALL_MODES)
