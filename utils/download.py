@@ -421,19 +421,6 @@ def is_verified(path: str | os.PathLike) -> bool:
     return True
 
 
-def record_verified(path: str | os.PathLike, source: str, check: str) -> None:
-    """Check the content of `path` and write its verification record (for
-    files obtained another way, e.g. converted from the official checkpoints).
-    Raises `IntegrityError` if the content is not the book's file."""
-    path = Path(path)
-    content = check_content(path)
-    _write_record(
-        path,
-        {"sha256": _hash_file(path)["sha256"], "checked": check, "source": source,
-         "content": content},
-    )  # fmt: skip
-
-
 def _write_record(path: Path, info: Mapping[str, Any]) -> None:
     data = {
         **info,
