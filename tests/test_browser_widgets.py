@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -234,13 +235,18 @@ def shots(request: pytest.FixtureRequest) -> Any:
     else:
         folder = Path(tempfile.mkdtemp(prefix="qwen3-browser-shots-"))
     yield folder
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    for path in sorted(folder.glob("*.png")):
-        line = f"browser test screenshot: {path}"
-        if reporter is not None:
-            reporter.write_line(line)
-        else:
-            print(line)
+    plugins = request.config.pluginmanager
+    reporter = plugins.get_plugin("terminalreporter")
+    capman = plugins.get_plugin("capturemanager")
+    # Output capture is on during teardown: lift it so the paths reach the log
+    lifted = capman.global_and_fixture_disabled() if capman else nullcontext()
+    with lifted:
+        for path in sorted(folder.glob("*.png")):
+            line = f"browser test screenshot: {path}"
+            if reporter is not None:
+                reporter.write_line(line)
+            else:
+                print(line)
 
 
 @pytest.fixture(scope="module")
