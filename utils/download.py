@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from utils.fileio import atomic_move, atomic_write_text, temp_name_pattern
+from utils.qwen3_tokenizer import NON_SPECIAL_ADDED_TOKENS, SPECIAL_TOKENS
 
 REPO_ID = "rasbt/qwen3-from-scratch"
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
@@ -54,15 +55,7 @@ LOCK_NAME = ".download.lock"
 # put a tiny config here).
 MODEL_CONFIG: Mapping[str, Any] | None = None
 TOKENIZER_VOCAB = 151_643  # BPE vocabulary; the added tokens follow it
-ADDED_TOKENS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>",
-    "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>",
-    "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
-    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>",
-    "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>",
-    "<think>", "</think>",
-)  # fmt: skip
+ADDED_TOKENS = SPECIAL_TOKENS + NON_SPECIAL_ADDED_TOKENS  # ids 151643 onwards
 
 _CHUNK = 1 << 16  # small reads: a dropped connection loses at most this much
 _DEFAULT_TIMEOUT = 10.0  # seconds of silence before a try fails
