@@ -106,6 +106,24 @@ def reference(x: torch.Tensor, w: torch.Tensor, kind: str, scales=None):
     return total.to(x.dtype)
 
 
+def int8_reference(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor):
+    """What the int8 kernel returns: x rounded to int16 with one float32
+    scale, exact int32 lane sums (lane j: columns 2j, 2j+1 of each 16),
+    converted to float32 and added every 1024 columns, lanes summed, then
+    times the x scale and the row scales."""
+    x32 = x.float()
+    amax = x32.abs().max()
+    inv = torch.tensor(32767.0) / amax
+    qx = torch.round(x32 * inv).clamp(-32767, 32767).long()
+    xs = amax / torch.tensor(32767.0)
+    prod = w.long() * qx  # (n, k), exact
+    f = torch.zeros(w.shape[0], 8)
+    for c in range(0, w.shape[1], 1024):
+        chunk = prod[:, c : c + 1024].reshape(w.shape[0], -1, 8, 2)
+        f = f + chunk.sum(dim=(1, 3)).float()
+    return ((lanes(f) * xs) * scales).to(x.dtype)
+
+
 def rows_to_check(n: int) -> torch.Tensor:
     """All rows, or a sample of 3,000 (the reference is slow in Python)."""
     if n <= 3000:
@@ -137,7 +155,7 @@ def test_bf16_kernels_match_their_documented_sums(kernels, n, k):
     assert (got.double() - ref).abs().max() <= bound
 
 
-@pytest.mark.parametrize("n,k", [(5, 16), (1000, 64), (3072, 1024)])
+@pytest.mark.parametrize("n,k", [(5, 16), (1000, 64), (3072, 1024), (7, 3072)])
 def test_int8_kernel_matches_its_documented_sums(kernels, n, k):
     gen = torch.Generator().manual_seed(n)
     w = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
@@ -146,7 +164,51 @@ def test_int8_kernel_matches_its_documented_sums(kernels, n, k):
         x = torch.randn(1, k, generator=gen).to(x_dtype)
         got = cpu_matvec.int8_linear(x, w, scales)
         assert got.dtype == x_dtype and got.shape == (1, n)
-        assert torch.equal(got[0], reference(x[0], w, "int8", scales))
+        assert torch.equal(got[0], int8_reference(x[0], w, scales))
+    # and close to the float product of the same weights (x's 16-bit rounding)
+    ref = (w.double() @ x[0].double()) * scales.double()
+    bound = 1e-4 * ((w.double().abs() @ x[0].double().abs()) * scales).max()
+    assert (got[0].double() - ref).abs().max() <= bound + 1e-2 * ref.abs().max() * (
+        x_dtype == torch.bfloat16
+    )
+
+
+@pytest.mark.parametrize("sizes", [(2048, 1024, 1024), (5, 1000, 3), (3072, 3072)])
+def test_grouped_call_equals_one_call_per_matrix(kernels, sizes):
+    """matvec_multi: the same bits as one matvec per weight, concatenated,
+    whichever thread gets which rows (the split crosses matrix borders)."""
+    gen = torch.Generator().manual_seed(sum(sizes))
+    k = 1024
+    x = torch.randn(k, generator=gen).to(torch.bfloat16)
+    ws = [torch.randn(n, k, generator=gen).to(torch.bfloat16) for n in sizes]
+    for exact in (False, True):
+        got = kernels.matvec_multi(x, ws, exact=exact)
+        want = torch.cat([kernels.matvec(x, w, exact=exact) for w in ws])
+        assert torch.equal(got, want)
+    qs = [torch.randint(-127, 128, w.shape, generator=gen, dtype=torch.int8) for w in ws]
+    ss = [torch.rand(n, generator=gen) for n in sizes]
+    got = kernels.matvec_multi(x, qs, ss)
+    assert torch.equal(got, torch.cat([kernels.matvec(x, q, s) for q, s in zip(qs, ss)]))
+    pieces = cpu_matvec.linear_group(x.view(1, k), ws)
+    assert [p.shape for p in pieces] == [(1, n) for n in sizes]
+    for piece, w in zip(pieces, ws):
+        assert torch.equal(piece, cpu_matvec.linear(x.view(1, k), w))
+    with pytest.raises(ValueError, match="scales"):
+        kernels.matvec_multi(x, qs, ss[:1])
+    with pytest.raises(ValueError, match="dtype"):
+        kernels.matvec_multi(x, [ws[0], qs[0]])
+
+
+def test_int8_kernel_propagates_nan_and_inf(kernels):
+    """A non-finite input must not vanish in the fixed-point rounding."""
+    w = torch.ones(8, 64, dtype=torch.int8)
+    scales = torch.ones(8)
+    for bad in (float("nan"), float("inf")):
+        x = torch.ones(64)
+        x[3] = bad
+        got = kernels.matvec(x, w, scales)
+        assert not torch.isfinite(got).any()
+    assert torch.equal(kernels.matvec(torch.zeros(64), w, scales), torch.zeros(8))
 
 
 def test_eager_linear_gives_torchs_bits_on_every_cpu(kernels, monkeypatch):
@@ -410,18 +472,25 @@ def test_compiled_decode_calls_the_kernel_and_matches_eager(kernels, monkeypatch
     want = tokens(generate(FastQwen3.from_state_dict(cfg, sd), PROMPT, 20))
     fast = FastQwen3.from_state_dict(cfg, sd).compile_decode()
     calls = []
-    real = cpu_matvec._matvec_impl
+    real, real_cat = cpu_matvec._matvec_impl, cpu_matvec._matvec_cat_impl
 
-    def counting(x, w, scales=None):  # the registered operator calls this
+    def counting(x, w, scales=None):  # the registered operators call these
         calls.append(1)
         return real(x, w, scales)
 
+    def counting_cat(x, ws, scales=None):
+        calls.append(len(ws))
+        return real_cat(x, ws, scales)
+
     monkeypatch.setattr(cpu_matvec, "_matvec_impl", counting)
+    monkeypatch.setattr(cpu_matvec, "_matvec_cat_impl", counting_cat)
     assert tokens(generate(fast, PROMPT, 20)) == want
     skip_if_inductor_cannot_build(fast.decode_compiled())
     assert fast.decode_compiled() and fast.cpu_matvec_active()
-    # 19 compiled decode steps x (2 layers x 7 linear layers + the head)
-    assert len(calls) >= 19 * 15
+    # 19 compiled decode steps x (2 layers x (q/k/v, out, gate/up, down)
+    # + the head): 9 kernel calls covering 15 matrices
+    assert len(calls) >= 19 * 9 and sum(calls) >= 19 * 15
+    assert calls.count(3) >= 19 * 2 and calls.count(2) >= 19 * 2
 
 
 def greedy_picks(model: FastQwen3, seq: list[int]) -> list[int]:

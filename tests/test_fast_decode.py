@@ -33,7 +33,7 @@ from utils.fast_decode import (
     pick_faster,
     prefill,
 )
-from utils.quantize import Int8Linear, int8_agreement, quantize_int8
+from utils.quantize import Int8Embedding, Int8Linear, int8_agreement, quantize_int8
 from utils.standin import standin_state_dict, write_standin_weights
 
 TINY = tiny_config(context_length=512)
@@ -202,6 +202,26 @@ def test_compiled_decode_gives_the_eager_tokens():
     assert compiled.decode_compiled()  # it really ran compiled here
 
 
+def test_block_scope_compiles_one_graph_for_all_layers():
+    """scope="block": same tokens as eager, and one compiled graph serves
+    every layer (what makes its compile short)."""
+    import torch._dynamo.utils as dynamo_utils
+
+    sd = tiny_state_dict(1, TINY)
+    eager = FastQwen3.from_state_dict(TINY, sd)
+    regional = FastQwen3.from_state_dict(TINY, sd).compile_decode(scope="block")
+    want = tokens(generate(eager, PROMPT, 20))
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
+    assert tokens(generate(regional, PROMPT, 20)) == want
+    skip_if_inductor_cannot_build(regional.decode_compiled())
+    assert regional.decode_compiled() and regional.compile_scope == "block"
+    assert TINY["n_layers"] >= 2
+    assert dynamo_utils.counters["stats"]["unique_graphs"] == 1
+    with pytest.raises(ValueError, match="scope"):
+        regional.compile_decode(scope="layer")
+
+
 def test_compile_failure_falls_back_to_eager(tiny, capsys):
     _, fast = tiny
     want = tokens(generate(fast, PROMPT, 15))
@@ -325,9 +345,19 @@ def test_quantize_releases_each_bf16_weight_and_keeps_old_imports(tmp_path):
         type(m) for m in q.modules() if isinstance(m, (torch.nn.Linear, Int8Linear))
     }
     assert linear_types == {Int8Linear}
-    assert q.tok_emb.weight.dtype == torch.bfloat16  # embedding stays bf16
-    assert all(p.dtype != torch.bfloat16 or p.dim() < 2 for n, p in
-               q.named_parameters() if n != "tok_emb.weight")  # fmt: skip
+    # no bf16 matrix is left: an untied embedding gets its own int8 table
+    assert isinstance(q.tok_emb, Int8Embedding)
+    assert all(p.dim() < 2 for p in q.parameters())
+    emb = bf16.tok_emb(PROMPT).float()
+    got_emb = q.tok_emb(PROMPT)
+    assert got_emb.dtype == torch.bfloat16
+    assert (got_emb.float() - emb).abs().max() <= emb.abs().max() / 100
+    # a tied one (as in Qwen3 0.6B) reads the head's int8 table
+    tied = tiny_state_dict(5, cfg)
+    del tied["out_head.weight"]
+    t = quantize_int8(FastQwen3.from_state_dict(cfg, tied))
+    assert t.tok_emb.weight_int8 is t.out_head.weight_int8
+    assert torch.equal(t.tok_emb.weight_int8, q.tok_emb.weight_int8)
     got = int8_agreement(bf16, q, [PROMPT], 15)
     assert got["token_agreement"] >= 0.8
     assert fast_decode.quantize_int8 is quantize_int8  # moved, still importable

@@ -109,6 +109,8 @@ ROW_FIELDS = (
     "machine_read_gbps",
     "bandwidth_share",
     "peak_mem_bytes",
+    "process_peak_mem_bytes",
+    "shared_weight_bytes",
     "memory_kind",
     "ratio_vs_kv_cache",
     "compiled",
@@ -148,12 +150,14 @@ class ModeSkipped(Exception):
 class _PeakMemory:
     """Peak memory while a mode runs: device memory on CUDA/XPU/MPS, and on
     CPU the largest resident size sampled every few milliseconds (the
-    process-wide peak would only ever grow from mode to mode)."""
+    process-wide peak would only ever grow from mode to mode). `growth` is
+    the peak minus the memory in use when the mode started."""
 
     def __init__(self, device: torch.device, interval_s: float = 0.02) -> None:
         self.device = device
         self.interval_s = interval_s
         self.peak = 0
+        self.start = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -170,8 +174,15 @@ class _PeakMemory:
 
         reset_peak_memory(self.device)
         if self.device.type == "cpu":
+            import psutil
+
+            self.start = self.peak = psutil.Process().memory_info().rss
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
+        else:
+            backend = getattr(torch, self.device.type, None)
+            allocated = getattr(backend, "memory_allocated", None)
+            self.start = int(allocated()) if allocated is not None else 0
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -183,6 +194,26 @@ class _PeakMemory:
             self.kind = "Peak process memory (RSS) during the mode"
         else:
             self.peak, self.kind = peak_memory_bytes(self.device)
+
+    @property
+    def growth(self) -> int:
+        return max(self.peak - self.start, 0)
+
+
+def shared_weight_bytes(model: torch.nn.Module, loaded: torch.nn.Module) -> int:
+    """Bytes of the tensors of `loaded` (the book model every mode starts
+    from) that `model` still uses: the weights a mode reads without copying."""
+
+    def storages(m: torch.nn.Module) -> dict[int, int]:
+        found = {}
+        for t in [*m.parameters(), *m.buffers()]:
+            if t is not None and t.device.type != "meta":
+                st = t.untyped_storage()
+                found[st.data_ptr()] = st.nbytes()
+        return found
+
+    mine, theirs = storages(model), storages(loaded)
+    return sum(nbytes for ptr, nbytes in mine.items() if ptr in theirs)
 
 
 # ---------------------------------------------------------------------------
@@ -388,10 +419,17 @@ def weight_bytes_per_token(model: torch.nn.Module) -> int:
     """Bytes of weights one decode step reads: every parameter and weight
     buffer once (shared tensors once), of an embedding table only one row
     unless the same tensor is also the output layer."""
+    def is_embedding(module: torch.nn.Module) -> bool:
+        return isinstance(module, torch.nn.Embedding) or getattr(
+            module, "is_embedding", False
+        )
+
     embedding_ptrs = set()
     for module in model.modules():
-        if isinstance(module, torch.nn.Embedding):
-            embedding_ptrs.add(module.weight.data_ptr())
+        if is_embedding(module):
+            for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+                if t is not None and t.dim() == 2:
+                    embedding_ptrs.add(t.data_ptr())
     seen, total, row_bytes = set(), 0, 0
     for module in model.modules():
         tensors = list(module.named_parameters(recurse=False))
@@ -399,8 +437,9 @@ def weight_bytes_per_token(model: torch.nn.Module) -> int:
         for name, t in tensors:
             if t is None or any(word in name for word in _NOT_WEIGHTS):
                 continue
-            if isinstance(module, torch.nn.Embedding):
-                row_bytes = max(row_bytes, t[0].numel() * t.element_size())
+            if is_embedding(module):
+                if t.dim() == 2:
+                    row_bytes = max(row_bytes, t[0].numel() * t.element_size())
                 continue
             if t.data_ptr() in seen:
                 continue
@@ -673,6 +712,16 @@ def _run_mode(mode, book, token_ids, n, repeats, dev, quiet):
     row["to_last_token_cached_s"] = (
         None if cached is None else prepare_s + cached["total_s"]
     )
+    # The mode's own memory: the loaded weights it reads in place, plus
+    # what the process grew by while it ran (its copies, caches, compiling);
+    # the loaded model itself is shared by every mode, so it is not counted
+    # for modes that do not use it (fast_int8 reads only its int8 copy)
+    row["shared_weight_bytes"] = shared_weight_bytes(model, book)
+    row["peak_mem_bytes"] = row["shared_weight_bytes"] + mem.growth
+    row["memory_kind"] = (
+        "Memory the mode uses: loaded weights it reads in place + peak "
+        f"growth ({mem.kind})"
+    )
     row["weight_bytes_per_token"] = weight_bytes_per_token(model)
     row["weight_read_gbps"] = (
         row["weight_bytes_per_token"] * row["tokens_per_sec"] / 1e9
@@ -705,6 +754,7 @@ def _summarise(mode, runs, warmup_s, mem, dev, token_ids) -> dict[str, Any]:
         "ttft_s": statistics.median(r["ttft_s"] for r in runs),
         "warmup_s": warmup_s,
         "peak_mem_bytes": int(mem.peak),
+        "process_peak_mem_bytes": int(mem.peak),
         "memory_kind": mem.kind,
         "ratio_vs_kv_cache": None,
         "compiled": False,

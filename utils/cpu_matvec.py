@@ -59,18 +59,26 @@ __all__ = [
     "kernel_rounds_like_torch",
     "linear",
     "int8_linear",
+    "int8_linear_group",
+    "linear_group",
     "supports",
 ]
 
 SOURCE = Path(__file__).with_name("cpu_matvec.c")
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-shared", "-fPIC"]
 _OPENMP = "-fopenmp"
-_ABI = 0x20000  # qwen3_matvec_abi() in cpu_matvec.c, plus 1 with OpenMP
+_ABI = 0x30000  # qwen3_matvec_abi() in cpu_matvec.c, plus 1 with OpenMP
 # entry point -> number of weight-side arrays (weight [, scales])
 _ENTRIES = {
     "qwen3_matvec_bf16": 1,
     "qwen3_matvec_bf16_exact": 1,
     "qwen3_matvec_int8": 2,
+}
+# grouped entry points (several weights, one input): name -> weight-side arrays
+_MULTI = {
+    "qwen3_matvec_bf16_multi": 1,
+    "qwen3_matvec_bf16_exact_multi": 1,
+    "qwen3_matvec_int8_multi": 2,
 }
 
 
@@ -173,25 +181,51 @@ class Kernels:
 
         bf16 weight: the fast kernel, or with `exact=True` the one that adds
         like torch's AVX2 code (k % 64 == 0). int8 weight: times `scales`
-        (n,) float32 per row. Shapes, dtypes and contiguity are checked."""
-        if weight.dtype == torch.int8:
-            name, arrays = "qwen3_matvec_int8", (weight, scales)
-        elif weight.dtype == torch.bfloat16 and scales is None:
-            name = "qwen3_matvec_bf16_exact" if exact else "qwen3_matvec_bf16"
-            arrays = (weight,)
+        (n,) float32 per row, x rounded to 16-bit fixed point (see the C
+        file). Shapes, dtypes and contiguity are checked."""
+        return self.matvec_multi(
+            x, [weight], None if scales is None else [scales], exact=exact
+        )
+
+    def matvec_multi(
+        self,
+        x: torch.Tensor,
+        weights: list[torch.Tensor],
+        scales: list[torch.Tensor] | None = None,
+        *,
+        exact: bool = False,
+    ) -> torch.Tensor:
+        """`torch.cat([w @ x for w in weights])` in one call (one parallel
+        region): the q/k/v or gate/up projections of one token at once."""
+        if not weights:
+            raise ValueError("matvec_multi needs at least one weight")
+        dtype = weights[0].dtype
+        if dtype == torch.int8 and scales is not None:
+            name = "qwen3_matvec_int8_multi"
+        elif dtype == torch.bfloat16 and scales is None:
+            name = "qwen3_matvec_bf16_exact_multi" if exact else "qwen3_matvec_bf16_multi"
         else:
             raise ValueError(
-                "matvec takes a bf16 weight, or an int8 weight with scales; "
-                f"got a {weight.dtype} weight and scales {scales is not None}"
+                "matvec takes bf16 weights, or int8 weights with scales; "
+                f"got {dtype} weights and scales {scales is not None}"
             )
-        _check_operands(x, weight, scales, 64 if exact else 16)
-        n, k = weight.shape
-        y = torch.empty(n, dtype=x.dtype)
+        if scales is not None and len(scales) != len(weights):
+            raise ValueError(f"{len(weights)} weights but {len(scales)} scales")
+        for i, w in enumerate(weights):
+            if w.dtype != dtype:
+                raise ValueError(f"weights differ in dtype: {dtype} and {w.dtype}")
+            _check_operands(x, w, None if scales is None else scales[i],
+                            64 if exact else 16)  # fmt: skip
+        count = len(weights)
+        rows = [w.shape[0] for w in weights]
+        y = torch.empty(sum(rows), dtype=x.dtype)
+        arrays = [(ctypes.c_void_p * count)(*(w.data_ptr() for w in weights))]
+        if scales is not None:
+            arrays.append((ctypes.c_void_p * count)(*(s.data_ptr() for s in scales)))
         rc = getattr(self.lib, name)(
-            x.data_ptr(), x.dtype == torch.float32,
-            *(a.data_ptr() for a in arrays),
-            y.data_ptr(), y.dtype == torch.float32, n, k,
-            torch.get_num_threads(),
+            x.data_ptr(), x.dtype == torch.float32, count, *arrays,
+            (ctypes.c_long * count)(*rows), y.data_ptr(),
+            y.dtype == torch.float32, weights[0].shape[1], torch.get_num_threads(),
         )  # fmt: skip
         if rc:
             raise RuntimeError(f"{name} failed with code {rc}")
@@ -239,6 +273,10 @@ def _load(path: Path) -> Kernels:
         for name, arrays in _ENTRIES.items():
             fn = getattr(lib, name)
             fn.argtypes = [p, i, *[p] * arrays, p, i, long_, long_, i]
+            fn.restype = i
+        for name, arrays in _MULTI.items():
+            fn = getattr(lib, name)
+            fn.argtypes = [p, i, i, *[p] * arrays, p, p, i, long_, i]
             fn.restype = i
     except AttributeError as exc:
         raise RuntimeError(f"{path.name} lacks the kernel entry points") from exc
@@ -386,24 +424,49 @@ def _matvec_impl(
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
+def _matvec_cat_impl(
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    scales: list[torch.Tensor] | None = None,
+) -> torch.Tensor:
+    flat = x.reshape(-1).contiguous()
+    out = _LOADED["kernels"].matvec_multi(flat, list(weights), scales)
+    return out.view(*x.shape[:-1], out.shape[0])
+
+
 def _fake_matvec(x, weight, *rest):
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
+def _fake_matvec_cat(x, weights, *rest):
+    return x.new_empty(*x.shape[:-1], sum(w.shape[0] for w in weights))
+
+
 def _register_ops() -> None:
-    """Define torch.ops.qwen3_ch02.matvec / matvec_int8 once per process.
+    """Define torch.ops.qwen3_ch02.matvec[_int8][_cat] once per process.
     (`torch.library.Library` rather than `custom_op`: a third of the
-    per-call overhead, which matters at ~200 calls per token.)"""
+    per-call overhead, which matters at ~100-200 calls per token.)"""
     if "library" in _LOADED:
         return
     lib = torch.library.Library("qwen3_ch02", "DEF")
     lib.define("matvec(Tensor x, Tensor weight) -> Tensor")
     lib.define("matvec_int8(Tensor x, Tensor weight, Tensor scales) -> Tensor")
+    lib.define("matvec_cat(Tensor x, Tensor[] weights) -> Tensor")
+    lib.define(
+        "matvec_int8_cat(Tensor x, Tensor[] weights, Tensor[] scales) -> Tensor"
+    )
     # Python-level indirection, so a test can count the calls
     lib.impl("matvec", lambda x, w: _matvec_impl(x, w), "CPU")
     lib.impl("matvec_int8", lambda x, w, s: _matvec_impl(x, w, s), "CPU")
-    torch.library.register_fake("qwen3_ch02::matvec", _fake_matvec, lib=lib)
-    torch.library.register_fake("qwen3_ch02::matvec_int8", _fake_matvec, lib=lib)
+    lib.impl("matvec_cat", lambda x, ws: _matvec_cat_impl(x, ws), "CPU")
+    lib.impl("matvec_int8_cat", lambda x, ws, ss: _matvec_cat_impl(x, ws, ss), "CPU")
+    for name, fake in (
+        ("matvec", _fake_matvec),
+        ("matvec_int8", _fake_matvec),
+        ("matvec_cat", _fake_matvec_cat),
+        ("matvec_int8_cat", _fake_matvec_cat),
+    ):
+        torch.library.register_fake(f"qwen3_ch02::{name}", fake, lib=lib)
     _LOADED["library"] = lib
 
 
@@ -472,3 +535,47 @@ def int8_linear(
     if torch.compiler.is_compiling():
         return torch.ops.qwen3_ch02.matvec_int8(x, weight, scales)
     return _matvec_impl(x, weight, scales)
+
+
+def linear_group(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`[F.linear(x, w) for w in weights]` (bias-free, same x), as one kernel
+    call where the kernel applies (the q/k/v or gate/up projections); each
+    result has the bits `linear(x, w)` would give."""
+    ok = (
+        "kernels" in _LOADED
+        and len(weights) > 1
+        and all(w.dtype == torch.bfloat16 and supports(x, w) for w in weights)
+    )
+    if ok:
+        sizes = [w.shape[0] for w in weights]
+        if torch.compiler.is_compiling():
+            return list(torch.ops.qwen3_ch02.matvec_cat(x, weights).split(sizes, -1))
+        if weights[0].shape[1] % 64 == 0 and kernel_rounds_like_torch():
+            flat = x.reshape(-1).contiguous()
+            out = _LOADED["kernels"].matvec_multi(flat, weights, exact=True)
+            out = out.view(*x.shape[:-1], out.shape[0])
+            return list(out.split(sizes, -1))
+    return [linear(x, w) for w in weights]
+
+
+def int8_linear_group(
+    x: torch.Tensor, weights: list[torch.Tensor], scales: list[torch.Tensor]
+) -> list[torch.Tensor]:
+    """`[int8_linear(x, w, s) ...]` for several int8 weights sharing x, as
+    one kernel call where the kernel is loaded."""
+    ok = (
+        "kernels" in _LOADED
+        and all(w.dtype == torch.int8 and supports(x, w) for w in weights)
+        and all(
+            s.dtype == torch.float32 and s.is_contiguous() and s.shape == w.shape[:1]
+            for w, s in zip(weights, scales)
+        )
+    )
+    if not ok:
+        return [int8_linear(x, w, s) for w, s in zip(weights, scales)]
+    sizes = [w.shape[0] for w in weights]
+    if torch.compiler.is_compiling():
+        out = torch.ops.qwen3_ch02.matvec_int8_cat(x, weights, scales)
+    else:
+        out = _matvec_cat_impl(x, weights, scales)
+    return list(out.split(sizes, -1))

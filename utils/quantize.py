@@ -23,7 +23,13 @@ import torch.nn.functional as F
 
 from utils import cpu_matvec
 
-__all__ = ["Int8Linear", "quantize_int8", "quantize_weight", "int8_agreement"]
+__all__ = [
+    "Int8Embedding",
+    "Int8Linear",
+    "quantize_int8",
+    "quantize_weight",
+    "int8_agreement",
+]
 
 
 def quantize_weight(
@@ -76,6 +82,27 @@ class Int8Linear(nn.Module):
         return out.view(*lead, self.out_features)
 
 
+class Int8Embedding(nn.Module):
+    """Token embedding read from an int8 table with one float32 scale per
+    row; with tied weights it shares the output layer's int8 table (Qwen3
+    0.6B), so the 311 MB bf16 table is not kept at all."""
+
+    is_embedding = True  # one row read per token (see benchmark)
+
+    def __init__(
+        self, weight_int8: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = weight_int8.shape
+        self.dtype = dtype  # what forward returns (the model's dtype)
+        self.register_buffer("weight_int8", weight_int8)
+        self.register_buffer("scales", scales)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        rows = F.embedding(idx, self.weight_int8).to(torch.float32)
+        return (rows * self.scales[idx].unsqueeze(-1)).to(self.dtype)
+
+
 def _page_out(t: torch.Tensor) -> None:
     """Ask Linux to drop `t`'s pages from this process (MADV_PAGEOUT: a
     hint that never changes contents). Frees the resident pages of weights
@@ -95,6 +122,8 @@ def _page_out(t: torch.Tensor) -> None:
 def quantize_int8(model: nn.Module, include_head: bool = True) -> nn.Module:
     """Replace the bias-free `nn.Linear` layers of `model` (in place) with
     `Int8Linear`, one layer at a time; `include_head=False` keeps `out_head`.
+    A `tok_emb` tied to a quantized `out_head` becomes an `Int8Embedding` on
+    the same int8 table; an untied one gets its own.
 
     Approximate: logits change slightly, greedy tokens mostly not. The bf16
     weights are released as they go unless something else holds them (e.g.
@@ -102,22 +131,42 @@ def quantize_int8(model: nn.Module, include_head: bool = True) -> nn.Module:
     """
     if hasattr(model, "_decode_step"):
         model._decode_step = None  # a compiled step saw the old layers
+        model._block_fn = None
     targets = [
         (name, module)
         for name, module in model.named_modules()
         if isinstance(module, nn.Linear) and module.bias is None
         and (include_head or name != "out_head")
     ]  # fmt: skip
+    emb = getattr(model, "tok_emb", None)
+    emb = emb if isinstance(emb, nn.Embedding) else None
+    head = getattr(model, "out_head", None)
+    tied = emb is not None and head is not None and head.weight is emb.weight
     with torch.no_grad():
         for name, linear in targets:
             parent_name, _, attr = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, attr, Int8Linear.from_linear(linear))
-            weight, linear.weight = linear.weight, None
-            if sys.getrefcount(weight) <= 2:  # nobody else uses it now
-                _page_out(weight)
-            del weight, linear
+            quantized = Int8Linear.from_linear(linear)
+            setattr(parent, attr, quantized)
+            if tied and name == "out_head":
+                dtype = emb.weight.dtype
+                model.tok_emb = Int8Embedding(quantized.weight_int8, quantized.scales, dtype)
+                emb.weight = None
+            _release(linear)
+            del linear
+        if emb is not None and not tied and include_head:
+            q, scales = quantize_weight(emb.weight)
+            model.tok_emb = Int8Embedding(q, scales, emb.weight.dtype)
+            _release(emb)
     return model
+
+
+def _release(module: nn.Module) -> None:
+    """Drop `module.weight`; page it out if nobody else holds it."""
+    weight = module.weight
+    module.weight = None
+    if weight is not None and sys.getrefcount(weight) <= 2:  # only `weight`
+        _page_out(weight)
 
 
 def int8_agreement(
