@@ -185,13 +185,17 @@ def test_grouped_call_equals_one_call_per_matrix(kernels, sizes):
         got = kernels.matvec_multi(x, ws, exact=exact)
         want = torch.cat([kernels.matvec(x, w, exact=exact) for w in ws])
         assert torch.equal(got, want)
-    qs = [torch.randint(-127, 128, w.shape, generator=gen, dtype=torch.int8) for w in ws]
+    qs = [
+        torch.randint(-127, 128, w.shape, generator=gen, dtype=torch.int8) for w in ws
+    ]
     ss = [torch.rand(n, generator=gen) for n in sizes]
     got = kernels.matvec_multi(x, qs, ss)
-    assert torch.equal(got, torch.cat([kernels.matvec(x, q, s) for q, s in zip(qs, ss)]))
+    assert torch.equal(
+        got, torch.cat([kernels.matvec(x, q, s) for q, s in zip(qs, ss, strict=True)])
+    )
     pieces = cpu_matvec.linear_group(x.view(1, k), ws)
     assert [p.shape for p in pieces] == [(1, n) for n in sizes]
-    for piece, w in zip(pieces, ws):
+    for piece, w in zip(pieces, ws, strict=True):
         assert torch.equal(piece, cpu_matvec.linear(x.view(1, k), w))
     with pytest.raises(ValueError, match="scales"):
         kernels.matvec_multi(x, qs, ss[:1])

@@ -419,6 +419,7 @@ def weight_bytes_per_token(model: torch.nn.Module) -> int:
     """Bytes of weights one decode step reads: every parameter and weight
     buffer once (shared tensors once), of an embedding table only one row
     unless the same tensor is also the output layer."""
+
     def is_embedding(module: torch.nn.Module) -> bool:
         return isinstance(module, torch.nn.Embedding) or getattr(
             module, "is_embedding", False
@@ -427,7 +428,10 @@ def weight_bytes_per_token(model: torch.nn.Module) -> int:
     embedding_ptrs = set()
     for module in model.modules():
         if is_embedding(module):
-            for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            for t in [
+                *module.parameters(recurse=False),
+                *module.buffers(recurse=False),
+            ]:
                 if t is not None and t.dim() == 2:
                     embedding_ptrs.add(t.data_ptr())
     seen, total, row_bytes = set(), 0, 0

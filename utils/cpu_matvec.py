@@ -203,7 +203,9 @@ class Kernels:
         if dtype == torch.int8 and scales is not None:
             name = "qwen3_matvec_int8_multi"
         elif dtype == torch.bfloat16 and scales is None:
-            name = "qwen3_matvec_bf16_exact_multi" if exact else "qwen3_matvec_bf16_multi"
+            name = (
+                "qwen3_matvec_bf16_exact_multi" if exact else "qwen3_matvec_bf16_multi"
+            )
         else:
             raise ValueError(
                 "matvec takes bf16 weights, or int8 weights with scales; "
@@ -452,9 +454,7 @@ def _register_ops() -> None:
     lib.define("matvec(Tensor x, Tensor weight) -> Tensor")
     lib.define("matvec_int8(Tensor x, Tensor weight, Tensor scales) -> Tensor")
     lib.define("matvec_cat(Tensor x, Tensor[] weights) -> Tensor")
-    lib.define(
-        "matvec_int8_cat(Tensor x, Tensor[] weights, Tensor[] scales) -> Tensor"
-    )
+    lib.define("matvec_int8_cat(Tensor x, Tensor[] weights, Tensor[] scales) -> Tensor")
     # Python-level indirection, so a test can count the calls
     lib.impl("matvec", lambda x, w: _matvec_impl(x, w), "CPU")
     lib.impl("matvec_int8", lambda x, w, s: _matvec_impl(x, w, s), "CPU")
@@ -568,11 +568,11 @@ def int8_linear_group(
         and all(w.dtype == torch.int8 and supports(x, w) for w in weights)
         and all(
             s.dtype == torch.float32 and s.is_contiguous() and s.shape == w.shape[:1]
-            for w, s in zip(weights, scales)
+            for w, s in zip(weights, scales, strict=True)
         )
     )
     if not ok:
-        return [int8_linear(x, w, s) for w, s in zip(weights, scales)]
+        return [int8_linear(x, w, s) for w, s in zip(weights, scales, strict=True)]
     sizes = [w.shape[0] for w in weights]
     if torch.compiler.is_compiling():
         out = torch.ops.qwen3_ch02.matvec_int8_cat(x, weights, scales)

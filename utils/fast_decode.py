@@ -97,7 +97,10 @@ def project(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
     """`[layer(x) for layer in layers]` for bias-free layers that share x
     (q/k/v, gate/up): one kernel call for a decode row when all of them use
     the CPU kernel, with the same results as calling them one by one."""
-    if all(getattr(m, "use_kernel", False) for m in layers) and x.numel() == x.shape[-1]:
+    if (
+        all(getattr(m, "use_kernel", False) for m in layers)
+        and x.numel() == x.shape[-1]
+    ):
         if all(type(m) is KernelLinear and m.bias is None for m in layers):
             return cpu_matvec.linear_group(x, [m.weight for m in layers])
         if all(type(m) is Int8Linear for m in layers):
@@ -347,9 +350,7 @@ class FastQwen3(nn.Module):
         """Make sure a KV cache for `num_tokens` positions exists (rounded up,
         see `cache_length_for`); reuses the current one when it has that shape.
         Returns the cache length."""
-        device = (
-            torch.device(device) if device is not None else self._device()
-        )
+        device = torch.device(device) if device is not None else self._device()
         length = cache_length_for(num_tokens, self.cfg["context_length"])
         dtype = self._dtype()
         n_kv = self.cfg["n_kv_groups"]

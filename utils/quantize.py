@@ -150,7 +150,9 @@ def quantize_int8(model: nn.Module, include_head: bool = True) -> nn.Module:
             setattr(parent, attr, quantized)
             if tied and name == "out_head":
                 dtype = emb.weight.dtype
-                model.tok_emb = Int8Embedding(quantized.weight_int8, quantized.scales, dtype)
+                model.tok_emb = Int8Embedding(
+                    quantized.weight_int8, quantized.scales, dtype
+                )
                 emb.weight = None
             _release(linear)
             del linear
