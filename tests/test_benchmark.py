@@ -252,3 +252,56 @@ def test_help_runs_as_a_module():
     assert out.returncode == 0
     for flag in ("--device", "--dtype", "--max-new-tokens", "--modes", "--json"):
         assert flag in out.stdout
+
+
+def test_memory_is_the_modes_own_and_the_spread_is_reported(rows):
+    """Every mode here reads the loaded weights in place, so its memory is
+    at least those weights; the spread is half the range of the timed runs."""
+    loaded = sum(v.numel() * 4 for v in SD.values())
+    for r in rows:
+        # (the book's own modes also read its RoPE buffers in place)
+        assert r["shared_weight_bytes"] >= loaded, r["mode"]
+        assert r["peak_mem_bytes"] >= loaded
+        assert r["process_peak_mem_bytes"] >= r["peak_mem_bytes"] - loaded
+        runs = r["tokens_per_sec_runs"]
+        assert len(runs) == 2
+        want = (max(runs) - min(runs)) / 2 / r["tokens_per_sec"]
+        assert r["tokens_per_sec_spread"] == pytest.approx(want)
+    assert "±" in benchmark.format_table(rows)
+
+
+def test_shared_weight_bytes_counts_only_tensors_still_in_use():
+    from utils.fast_decode import FastQwen3
+    from utils.quantize import quantize_int8
+
+    cfg = {**TINY, "dtype": torch.bfloat16}
+    sd = {k: v.to(torch.bfloat16) for k, v in SD.items()}
+    book, _, _ = benchmark.load_book_model(
+        torch.device("cpu"), torch.bfloat16, cfg=cfg, state_dict=sd
+    )
+    fast = FastQwen3.from_book_model(book)
+    everything = sum(p.numel() * 2 for p in book.parameters())
+    assert benchmark.shared_weight_bytes(fast, book) == everything > 0
+    # int8 copies: only the norms' scales are still the loaded tensors
+    q = quantize_int8(FastQwen3.from_book_model(book))
+    norms = sum(p.numel() * 2 for n, p in book.named_parameters() if p.dim() == 1)
+    assert benchmark.shared_weight_bytes(q, book) == norms
+    assert benchmark.weight_bytes_per_token(q) < everything / 1.9
+
+
+def test_choice_names_the_fastest_and_the_soonest_fast_path():
+    def row(mode, rate, cold):
+        return {"mode": mode, "tokens_per_sec": rate, "new_tokens": 100,
+                "to_last_token_cold_s": cold, "peak_mem_bytes": 10}  # fmt: skip
+
+    rows = [row("kv_cache", 4, 25), row("fast", 8, 13), row("fast_compiled", 12, 100),
+            row("fast_block_compiled", 10, 30), row("fast_int8", 20, 90)]  # fmt: skip
+    rows[-1]["peak_mem_bytes"] = 5
+    benchmark._add_ratios(rows)
+    assert [r["mode"] for r in rows if r["best_bf16_fast"]] == ["fast_compiled"]
+    assert [r["mode"] for r in rows if r["soonest_bf16_fast"]] == ["fast"]
+    assert rows[-1]["speed_vs_best_bf16_fast"] == pytest.approx(20 / 12)
+    assert rows[-1]["memory_vs_fast_compiled"] == pytest.approx(0.5)
+    text = benchmark.describe_choice(rows)
+    assert "fast_compiled (12.0 tok/s)" in text and "fast (13.0 s" in text
+    assert benchmark.describe_choice(rows[:1]) is None

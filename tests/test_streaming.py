@@ -181,3 +181,36 @@ def test_cli_and_panel_all_use_the_one_loop(tok, model, monkeypatch, capsys):
     assert panel.wait(timeout=60) and panel.error is None
     capsys.readouterr()
     assert calls == ["print", None, "print", "quiet"]
+
+
+def test_fast_compile_picks_the_faster_path_and_keeps_the_tokens(
+    tok, model, monkeypatch, capsys
+):
+    """fast + compile: the block is compiled, eager and compiled are timed
+    once (pick_faster, with the generation's cache size) and the choice is
+    said in one line; the tokens stay the eager fast path's."""
+    from utils import fast_decode
+
+    ids = tok.encode(PROMPT)
+    eager = [
+        int(t) for t in GreedyStreamer(model).stream(torch.tensor([ids]), 8, fast=True)
+    ]
+    picks = []
+    real = fast_decode.pick_faster
+
+    def spy(fast, token_ids, **kwargs):
+        picks.append(kwargs)
+        return real(fast, token_ids, **kwargs)
+
+    monkeypatch.setattr(fast_decode, "pick_faster", spy)
+    streamer = GreedyStreamer(model)
+    for _ in range(2):
+        got = streamer.stream(torch.tensor([ids]), 8, compile=True, fast=True)
+        assert [int(t) for t in got] == eager
+    assert picks == [{"max_new_tokens": 8}]  # once, sized like the generation
+    assert streamer._fast.compile_scope == "block"
+    choice = streamer.fast_choice["choice"]
+    assert choice in ("eager", "compiled")
+    assert streamer._fast.decode_compiled() is (choice == "compiled")
+    err = capsys.readouterr().err
+    assert err.count("fast path:") == 1 and choice in err

@@ -10,7 +10,9 @@ qk-norm, grouped-query attention), arranged the way fast inference code is:
   precomputed `arange`, so nothing is rebuilt or concatenated per token;
 * `prefill` runs the prompt once (eager); only the decode step is compiled,
   as one graph (replayed with CUDA graphs on CUDA; on CPU inductor fuses
-  the small operations around the matrix-vector products);
+  the small operations around the matrix-vector products), or with
+  `compile_decode(scope="block")` only the transformer block, once for all
+  layers (a short compile for a reader's first run);
 * `generate` streams `(batch, 1)` tokens exactly like the book's
   `generate_text_basic_stream_cache`, stopping at EOS without yielding it.
 
@@ -580,20 +582,27 @@ def _generate(model, token_ids, max_new_tokens, eos_token_id):
 
 
 def pick_faster(
-    model: FastQwen3, token_ids: torch.Tensor, steps: int = 6
+    model: FastQwen3,
+    token_ids: torch.Tensor,
+    steps: int = 6,
+    max_new_tokens: int | None = None,
+    scope: str = "step",
 ) -> dict[str, Any]:
-    """Time `steps` decode steps eager and compiled (compiling first, if
-    needed) and keep the faster: the compiled step stays only if it wins.
+    """Time `steps` decode steps eager and compiled (compiling first with
+    `scope`, if not compiled yet) and keep the faster: the compiled step
+    stays only if it wins. Give the `max_new_tokens` you will generate, so
+    the cache (and compiled code) has the size `generate` will use.
     Returns {"choice": "eager"|"compiled", "eager_s", "compiled_s",
     "compile_s"} (median seconds per step; compile_s = first compiled step)."""
     _check_fast_model(model)
     if model._decode_step is None:
-        model.compile_decode()
+        model.compile_decode(scope=scope)
     compiled = model._decode_step
+    length = token_ids.shape[1] + max(steps + 1, max_new_tokens or 0)
 
     def per_step(step_fn: Callable | None) -> tuple[float, float]:
         model._decode_step = step_fn
-        model.setup_cache(token_ids.shape[0], token_ids.shape[1] + steps + 1)
+        model.setup_cache(token_ids.shape[0], length)
         token, _ = prefill(model, token_ids)
         pos = torch.tensor([token_ids.shape[1]], device=token_ids.device)
         times = []

@@ -3,7 +3,11 @@
 Each linear layer's weight becomes int8 with one float32 scale per output
 row (symmetric, absmax / 127); activations stay in the model's dtype. On
 CPUs the decode step's products run through the AVX2 int8 kernel
-(`utils.cpu_matvec`), which reads half the bytes of bf16.
+(`utils.cpu_matvec`), which reads half the bytes of bf16 and rounds the
+input vector to 16-bit fixed point for integer multiply-adds (finer than
+bf16's 8-bit mantissa for all but entries far below the largest one).
+The token embedding becomes int8 too; tied to the output layer (Qwen3
+0.6B) it reads the same int8 table, so no bf16 matrix is kept.
 
 `quantize_int8` converts a model layer by layer and lets go of each bf16
 weight as soon as its int8 copy exists, so the model never holds both.

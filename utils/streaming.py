@@ -19,6 +19,7 @@ with no text; it is written visibly as ``<unk:151771>`` and generation goes on.
 from __future__ import annotations
 
 import codecs
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -82,8 +83,10 @@ class GreedyStreamer:
 
     Variants are built on first use and kept: `compile` wraps the model in
     `torch.compile` (compiling costs minutes once), `fast` uses
-    `utils.fast_decode` (static KV cache; `compile` then compiles its decode
-    step). The plain paths are `utils.generation`'s generators.
+    `utils.fast_decode` (static KV cache; `compile` then compiles its
+    transformer block and keeps eager or compiled, whichever `pick_faster`
+    measures faster on this machine). The plain paths are `utils.generation`'s
+    generators.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -91,8 +94,14 @@ class GreedyStreamer:
         self._compiled: torch.nn.Module | None = None
         self._fast: Any = None
         self._fast_compiled = False
+        self.fast_choice: dict[str, Any] | None = None  # set by pick_faster
 
-    def _fast_model(self, compile: bool) -> Any:
+    def _fast_model(
+        self,
+        compile: bool,
+        token_ids: torch.Tensor | None = None,
+        max_new_tokens: int | None = None,
+    ) -> Any:
         if not fast_decode_available():
             raise RuntimeError(
                 "The fast path needs utils.fast_decode, which this checkout "
@@ -103,8 +112,23 @@ class GreedyStreamer:
         if self._fast is None:
             self._fast = fast_decode.FastQwen3.from_book_model(self.model)
         if compile and not self._fast_compiled:
-            self._fast.compile_decode()
+            # Compile the block (shared by all layers: seconds, not minutes),
+            # then keep whichever of eager and compiled is faster here
+            self._fast.compile_decode(scope="block")
             self._fast_compiled = True
+            if token_ids is not None:
+                pick = fast_decode.pick_faster(
+                    self._fast, token_ids, max_new_tokens=max_new_tokens
+                )
+                self.fast_choice = pick
+                print(
+                    f"fast path: {pick['choice']} decoding is faster here "
+                    f"(eager {pick['eager_s'] * 1000:.0f} ms, compiled "
+                    f"{pick['compiled_s'] * 1000:.0f} ms per token; compiling "
+                    f"took {pick['compile_s']:.1f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return self._fast
 
     def stream(
@@ -126,9 +150,8 @@ class GreedyStreamer:
         if fast:
             from utils import fast_decode
 
-            gen = fast_decode.generate(
-                self._fast_model(compile), token_ids, max_new_tokens, eos_token_id
-            )
+            model = self._fast_model(compile, token_ids, max_new_tokens)
+            gen = fast_decode.generate(model, token_ids, max_new_tokens, eos_token_id)
         else:
             model = self.model
             if compile:
