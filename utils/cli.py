@@ -73,7 +73,9 @@ def _add_common(p: argparse.ArgumentParser, default_tokens: int) -> None:
     p.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile the model first (warm-up takes minutes on a CPU)",
+        help="torch.compile the model first (warm-up takes minutes on a CPU); "
+        "with --fast: compile the transformer block (seconds) and keep eager or "
+        "compiled, whichever is faster here",
     )
     p.add_argument(
         "--fast",
