@@ -40,6 +40,7 @@ None after one printed line, and callers use `F.linear`.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import functools
 import hashlib
@@ -219,25 +220,72 @@ class Kernels:
             )
         if scales is not None and len(scales) != len(weights):
             raise ValueError(f"{len(weights)} weights but {len(scales)} scales")
-        for i, w in enumerate(weights):
-            if w.dtype != dtype:
-                raise ValueError(f"weights differ in dtype: {dtype} and {w.dtype}")
-            _check_operands(x, w, None if scales is None else scales[i],
-                            64 if exact else 16)  # fmt: skip
+        multiple = 64 if exact else 16
+        if not _operands_ok(x, weights, scales, dtype, multiple):
+            for i, w in enumerate(weights):  # say what is wrong
+                if w.dtype != dtype:
+                    raise ValueError(f"weights differ in dtype: {dtype} and {w.dtype}")
+                _check_operands(x, w, None if scales is None else scales[i], multiple)
+            raise ValueError("the kernel cannot read these tensors")  # not reached
         count = len(weights)
         rows = [w.shape[0] for w in weights]
         y = torch.empty(sum(rows), dtype=x.dtype)
-        arrays = [(ctypes.c_void_p * count)(*(w.data_ptr() for w in weights))]
+        # array.array: C arrays built ~10x faster than ctypes arrays (this
+        # runs ~100 times per token); they live until the call returns
+        arrays = [array.array("Q", [w.data_ptr() for w in weights])]
         if scales is not None:
-            arrays.append((ctypes.c_void_p * count)(*(s.data_ptr() for s in scales)))
+            arrays.append(array.array("Q", [s.data_ptr() for s in scales]))
+        row_array = array.array("l", rows)
         rc = getattr(self.lib, name)(
-            x.data_ptr(), x.dtype == torch.float32, count, *arrays,
-            (ctypes.c_long * count)(*rows), y.data_ptr(),
-            y.dtype == torch.float32, weights[0].shape[1], torch.get_num_threads(),
+            x.data_ptr(), x.dtype == torch.float32, count,
+            *(a.buffer_info()[0] for a in arrays), row_array.buffer_info()[0],
+            y.data_ptr(), y.dtype == torch.float32, weights[0].shape[1],
+            torch.get_num_threads(),
         )  # fmt: skip
         if rc:
             raise RuntimeError(f"{name} failed with code {rc}")
         return y
+
+
+_FLOAT_X = (torch.bfloat16, torch.float32)
+
+
+def _operands_ok(
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    scales: list[torch.Tensor] | None,
+    dtype: torch.dtype,
+    multiple: int,
+) -> bool:
+    """The checks of `_check_operands` for a whole group, quickly (about a
+    hundred calls per token); False sends the caller to the one that explains."""
+    if x.device.type != "cpu" or x.dtype not in _FLOAT_X or not x.is_contiguous():
+        return False
+    if x.dim() != 1:
+        return False
+    k = x.shape[0]
+    if k % multiple:
+        return False
+    for w in weights:
+        if (
+            w.dtype != dtype
+            or w.dim() != 2
+            or w.shape[1] != k
+            or w.device.type != "cpu"
+            or not w.is_contiguous()
+        ):
+            return False
+    if scales is not None:
+        for w, sc in zip(weights, scales, strict=True):
+            if (
+                sc.dtype != torch.float32
+                or sc.dim() != 1
+                or sc.shape[0] != w.shape[0]
+                or sc.device.type != "cpu"
+                or not sc.is_contiguous()
+            ):
+                return False
+    return True
 
 
 def _check_operands(
