@@ -252,6 +252,7 @@ class FastQwen3(nn.Module):
         self.register_buffer("positions", None, persistent=False)
         self._decode_step: Callable | None = None  # set by compile_decode
         self._block_fn: Callable | None = None  # compile_decode(scope="block")
+        self.compile_scope: str | None = None  # "step" or "block" once compiled
         self._kernel_wanted = True  # applied by prefill (see use_cpu_matvec)
 
     # -- construction --------------------------------------------------------
