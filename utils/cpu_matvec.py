@@ -475,9 +475,7 @@ def kernel_rounds_like_torch() -> bool:
 def _matvec_impl(
     x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = None
 ) -> torch.Tensor:
-    flat = x.reshape(-1).contiguous()
-    out = _LOADED["kernels"].matvec(flat, weight, scales)
-    return out.view(*x.shape[:-1], weight.shape[0])
+    return _matvec_cat_impl(x, [weight], None if scales is None else [scales])
 
 
 def _matvec_cat_impl(

@@ -251,7 +251,6 @@ class FastQwen3(nn.Module):
         self.register_buffer("sin", None, persistent=False)
         self.register_buffer("positions", None, persistent=False)
         self._decode_step: Callable | None = None  # set by compile_decode
-        self._block_fn: Callable | None = None  # compile_decode(scope="block")
         self.compile_scope: str | None = None  # "step" or "block" once compiled
         self._kernel_wanted = True  # applied by prefill (see use_cpu_matvec)
 
@@ -397,8 +396,11 @@ class FastQwen3(nn.Module):
         r = self.cfg["n_heads"] // self.cfg["n_kv_groups"]
         positions = self.positions[:kv_len]
         mask = (positions[None, :] > input_pos[:, None]).repeat(r, 1)
-        block_fn = self._block_fn
-        if block_fn is None or kv_len is not None or torch.compiler.is_compiling():
+        # the compiled block of compile_decode(scope="block"), only in the
+        # static-shape decode step (kv_len None) and while it has not failed
+        step = self._decode_step
+        block_fn = getattr(step, "block_fn", None)
+        if block_fn is None or step.failed or kv_len is not None:
             block_fn = _block_forward
         for block in self.trf_blocks:
             x = block_fn(block, x, cos, sin, mask, input_pos, kv_len)
@@ -433,16 +435,11 @@ class FastQwen3(nn.Module):
             kwargs["mode"] = mode
         if options:
             kwargs["options"] = dict(options)
-        self._block_fn = None
         if scope == "block":
-            block_fn = torch.compile(_block_forward, **kwargs)
-
-            def step(model, cur_token, input_pos):
-                model._block_fn = block_fn
-                return _decode_one_token_impl(model, cur_token, input_pos)
-
-            self._block_fn = block_fn
-            self._decode_step = _FallbackCompiled(step)
+            # the eager step; forward runs each layer through the block_fn
+            self._decode_step = _FallbackCompiled(
+                _decode_one_token_impl, torch.compile(_block_forward, **kwargs)
+            )
         else:
             self._decode_step = _FallbackCompiled(
                 torch.compile(_decode_one_token_impl, **kwargs)
@@ -459,8 +456,9 @@ class _FallbackCompiled:
     """Calls the compiled step; if compiling fails (e.g. no C++ compiler),
     prints one line and uses the eager step from then on."""
 
-    def __init__(self, compiled: Callable) -> None:
+    def __init__(self, compiled: Callable, block_fn: Callable | None = None) -> None:
         self.compiled = compiled
+        self.block_fn = block_fn  # scope="block": the compiled layer
         self.failed = False
 
     def __call__(self, model, cur_token, input_pos):
@@ -471,7 +469,6 @@ class _FallbackCompiled:
                 from utils.compile import compile_hint
 
                 self.failed = True
-                model._block_fn = None
                 lines = str(exc).strip().splitlines()
                 reason = lines[0][:160] if lines else type(exc).__name__
                 print(
@@ -622,7 +619,7 @@ def pick_faster(
     if not compiled.failed and compiled_s < eager_s:
         choice = "compiled"
     else:
-        model._decode_step, model._block_fn, choice = None, None, "eager"
+        model._decode_step, choice = None, "eager"
     return {
         "choice": choice,
         "eager_s": eager_s,

@@ -135,7 +135,6 @@ def quantize_int8(model: nn.Module, include_head: bool = True) -> nn.Module:
     """
     if hasattr(model, "_decode_step"):
         model._decode_step = None  # a compiled step saw the old layers
-        model._block_fn = None
     targets = [
         (name, module)
         for name, module in model.named_modules()
