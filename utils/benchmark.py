@@ -83,12 +83,16 @@ ALL_MODES = (
     "fast_compiled",
     "fast_block_compiled",
     "fast_int8",
+    "fast_native",
+    "fast_native_int8",
     "hf_static",
 )
 BASELINE_MODE = "kv_cache"
 # Without a cache every step reprocesses the whole sequence: many minutes for
 # 100 tokens on a CPU, so these run there only when asked for
 SLOW_ON_CPU = ("regular", "regular_compiled")
+CPU_ONLY = ("fast_int8", "fast_native", "fast_native_int8")
+INT8_MODES = ("fast_int8", "fast_native_int8")
 DEFAULT_PROMPT = "Explain large language models in a single sentence."
 DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -132,16 +136,18 @@ MODE_NOTES = {
     "fast_compiled": "static cache, compiled decode step",
     "fast_block_compiled": "static cache, one compiled block for all layers",
     "fast_int8": "static cache, int8 weights, compiled (approximate)",
+    "fast_native": "static cache, whole step in one C call (CPU)",
+    "fast_native_int8": "one C call per step, int8 weights (approximate)",
     "hf_static": "transformers generate, static cache",
 }
 
 
 def default_modes(device: torch.device) -> list[str]:
-    """The modes run when none are named: int8 only on CPU, where its fused
-    kernel exists; the uncached book modes everywhere but on a CPU."""
+    """The modes run when none are named: int8 and native only on CPU, where
+    their kernels exist; the uncached book modes everywhere but on a CPU."""
     if device.type == "cpu":
         return [m for m in ALL_MODES if m not in SLOW_ON_CPU]
-    return [m for m in ALL_MODES if m != "fast_int8"]
+    return [m for m in ALL_MODES if m not in CPU_ONLY]
 
 
 class ModeSkipped(Exception):
@@ -568,12 +574,19 @@ def _prepare(mode, book, token_ids, n):
         opt = _optimized_model(book)
         model = book_compile(opt) if compiled else opt
         return _optimized_stream(model, token_ids, n), _time_stream, compiled, opt
-    if mode in ("fast", "fast_compiled", "fast_block_compiled", "fast_int8"):
+    if mode.startswith("fast"):
         fast = fast_decode.FastQwen3.from_book_model(book)
-        if mode == "fast_int8":
+        if mode in INT8_MODES:
             fast = fast_decode.quantize_int8(fast)
         if compiled:
             fast.compile_decode(scope="block" if "block" in mode else "step")
+        if mode.startswith("fast_native"):
+            from utils.native_step import unsupported_reason
+
+            reason = unsupported_reason(fast)
+            if reason is not None:
+                raise ModeSkipped(reason)
+            fast.use_native_step()
         stream = lambda: fast_decode.generate(fast, token_ids, n)  # noqa: E731
         return stream, _time_stream, compiled, fast
     if mode == "hf_static":
@@ -778,7 +791,7 @@ def _summarise(mode, runs, warmup_s, mem, dev, token_ids) -> dict[str, Any]:
     }
 
 
-BF16_FAST_MODES = ("fast", "fast_compiled", "fast_block_compiled")
+BF16_FAST_MODES = ("fast", "fast_compiled", "fast_block_compiled", "fast_native")
 
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
@@ -796,7 +809,7 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         row["best_bf16_fast"] = row is best
         row["soonest_bf16_fast"] = row is soonest
-        if row["mode"] == "fast_int8":
+        if row["mode"] in INT8_MODES:
             row["speed_vs_best_bf16_fast"] = (
                 row["tokens_per_sec"] / best["tokens_per_sec"]
             )

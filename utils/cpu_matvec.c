@@ -329,6 +329,32 @@ static int bad_group(int count, const long *n) {
     return 0;
 }
 
+/* The int8 product of one group for float32 x: x rounded to 16-bit fixed
+   point into qx (k int16 + one float; rows_i8q), or, if x holds an inf or
+   NaN, the float32 kernel rows_i8, so they propagate as in float. */
+static void int8_group(const float *xn, const group *g, void *y, int y_f32,
+                       long k, int threads, int16_t *qx) {
+    float amax = 0.0f;
+    int finite = 1;
+    for (long i = 0; i < k; ++i) {
+        const float a = fabsf(xn[i]);
+        finite &= a <= 3.4028235e38f; /* false for inf and NaN */
+        amax = a > amax ? a : amax;
+    }
+    if (!finite) {
+        run(rows_i8, xn, g, y, y_f32, k, threads);
+        return;
+    }
+    const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+    const float xs = amax / 32767.0f;
+    for (long i = 0; i < k; ++i) {  /* round to nearest even */
+        int v = _mm_cvtss_si32(_mm_set_ss(xn[i] * inv));
+        qx[i] = (int16_t)(v > 32767 ? 32767 : v < -32767 ? -32767 : v);
+    }
+    memcpy(qx + k, &xs, 4);
+    run(rows_i8q, (const float *)qx, g, y, y_f32, k, threads);
+}
+
 /* y (sum n) = [w_0; w_1; ...] (n_i, k) @ x (k); k % 16 == 0. 0 on success. */
 int qwen3_matvec_bf16_multi(const void *x, int x_f32, int count,
                             const void *const *w, const long *n, void *y,
@@ -369,27 +395,8 @@ int qwen3_matvec_int8_multi(const void *x, int x_f32, int count,
     float *xn = malloc((size_t)k * 4 + (size_t)k * 2 + 4);
     if (!xn) return 2;
     load_x(x, x_f32, k, xn);
-    float amax = 0.0f;
-    int finite = 1;
-    for (long i = 0; i < k; ++i) {
-        const float a = fabsf(xn[i]);
-        finite &= a <= 3.4028235e38f; /* false for inf and NaN */
-        amax = a > amax ? a : amax;
-    }
     const group g = {count, w, scales, n};
-    if (!finite) {
-        run(rows_i8, xn, &g, y, y_f32, k, threads);
-    } else {
-        int16_t *qx = (int16_t *)(xn + k);
-        const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        const float xs = amax / 32767.0f;
-        for (long i = 0; i < k; ++i) {  /* round to nearest even */
-            int v = _mm_cvtss_si32(_mm_set_ss(xn[i] * inv));
-            qx[i] = (int16_t)(v > 32767 ? 32767 : v < -32767 ? -32767 : v);
-        }
-        memcpy(qx + k, &xs, 4);
-        run(rows_i8q, (const float *)qx, &g, y, y_f32, k, threads);
-    }
+    int8_group(xn, &g, y, y_f32, k, threads, (int16_t *)(xn + k));
     free(xn);
     return 0;
 }
@@ -413,11 +420,220 @@ int qwen3_matvec_int8(const void *x, int x_f32, const void *w,
                                    threads);
 }
 
+/* ------------------------------------------------------------------------
+   One whole decode step in one call (batch 1; see utils/native_step.py):
+   embedding, every layer (RMSNorm, grouped q/k/v, qk-norm, split-halves
+   RoPE, cache write, grouped-query attention over the filled slots, output
+   projection, SwiGLU) and the head. Values are rounded to bf16 wherever the
+   book's bf16 model rounds (every linear output, norm, RoPE, score, softmax,
+   SiLU, product and residual add); the float32 sums inside the small
+   operations run in their own order, so results are close to the eager
+   step's, not bit-equal. Built with -ffp-contract=off: a*b + c*d is two
+   rounded products and a rounded sum, as in torch. */
+
+/* pointers per layer, in this order (scales NULL for bf16 weights) */
+enum { L_NORM1, L_NORM2, L_QNORM, L_KNORM, L_WQ, L_SQ, L_WK, L_SK, L_WV,
+       L_SV, L_WO, L_SO, L_W1, L_S1, L_W2, L_S2, L_W3, L_S3, L_KC, L_VC,
+       L_COUNT };
+/* pointers before the layers' */
+enum { G_EMB, G_EMB_SCALE, G_FINAL_NORM, G_HEAD, G_HEAD_SCALE, G_COS, G_SIN,
+       G_COUNT };
+/* dims: layers, emb, heads, kv_groups, head_dim, hidden, vocab, cache_len */
+enum { D_LAYERS, D_EMB, D_HEADS, D_KV, D_HEAD_DIM, D_HIDDEN, D_VOCAB,
+       D_CACHE, D_COUNT };
+
+static inline float rb(float f) { return from_bf16(to_bf16(f)); }
+
+typedef struct {
+    int exact, threads;
+    float *xbuf;   /* permuted x (bf16 fast kernel) or int16 x (int8) */
+} mv_ctx;
+
+/* y (bf16, sum n) = stacked weights @ x (float32, k): bf16 weights when
+   s is NULL (the torch-order kernel with exact and k % 64 == 0), else int8
+   weights times their row scales s[i]. */
+static void mv(const mv_ctx *c, const float *x, long k, int count,
+               const void *const *w, const float *const *s, const long *n,
+               uint16_t *y) {
+    const group g = {count, w, s, n};
+    if (s) {
+        int8_group(x, &g, y, 0, k, c->threads, (int16_t *)c->xbuf);
+    } else if (c->exact && k % 64 == 0) {
+        run(rows_bf16_exact, x, &g, y, 0, k, c->threads);
+    } else {
+        permute16(x, k, c->xbuf);
+        run(rows_bf16, c->xbuf, &g, y, 0, k, c->threads);
+    }
+}
+
+/* The book's RMSNorm in float32: x * rsqrt(mean(x^2) + eps) * scale. */
+static void rmsnorm(const float *x, long n, const float *scale, float eps,
+                    float *out) {
+    double ss = 0.0;
+    for (long i = 0; i < n; ++i) ss += (double)x[i] * x[i];
+    const float r = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+    for (long i = 0; i < n; ++i) out[i] = rb(x[i] * r * scale[i]);
+}
+
+/* One head (bf16 values in h, d entries): optional qk-norm, then RoPE at
+   the row of cos/sin given; the result rounded to bf16 in out (t: d floats
+   of scratch). */
+static void norm_rope(const uint16_t *h, long d, const float *scale,
+                      float eps, const float *cos, const float *sin,
+                      float *t, float *out) {
+    for (long i = 0; i < d; ++i) t[i] = from_bf16(h[i]);
+    if (scale) rmsnorm(t, d, scale, eps, t);
+    const long half = d / 2;
+    for (long i = 0; i < d; ++i) {
+        const float rot = i < half ? -t[i + half] : t[i - half];
+        out[i] = rb(t[i] * cos[i] + rot * sin[i]);
+    }
+}
+
+static inline float dot_bf16(const float *q, const uint16_t *k, long d) {
+    __m256 a = _mm256_setzero_ps();
+    for (long i = 0; i < d; i += 8)
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), bf16x8_natural(k + i), a);
+    return hsum(a);
+}
+
+/* Attention of query head h over cache slots 0..len-1 of its kv group:
+   bf16 scores, scaled, softmax, then the weighted sum of the values. */
+static void attend_head(const float *q, const uint16_t *kc,
+                        const uint16_t *vc, long len, long d, float *w,
+                        float *out) {
+    const float inv = 1.0f / (float)sqrt((double)d);
+    float mx = -INFINITY;
+    for (long j = 0; j < len; ++j) {
+        w[j] = rb(rb(dot_bf16(q, kc + j * d, d)) * inv);
+        mx = w[j] > mx ? w[j] : mx;
+    }
+    float sum = 0.0f;
+    for (long j = 0; j < len; ++j) {
+        w[j] = expf(w[j] - mx);
+        sum += w[j];
+    }
+    for (long j = 0; j < len; ++j) w[j] = rb(w[j] / sum);
+    for (long i = 0; i < d; i += 8) {
+        __m256 a = _mm256_setzero_ps();
+        for (long j = 0; j < len; ++j)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(w[j]),
+                                bf16x8_natural(vc + j * d + i), a);
+        _mm256_storeu_ps(out + i, a);
+    }
+    for (long i = 0; i < d; ++i) out[i] = rb(out[i]);
+}
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* Logits (bf16, vocab) for `token` at position `pos`; its key and value
+   are written into the caches first. 0 on success, 1 for bad arguments,
+   2 when out of memory. */
+int qwen3_decode_step(const long *dims, double eps_d, const void *const *p,
+                      long token, long pos, int exact, uint16_t *logits,
+                      int threads) {
+    const long L = dims[D_LAYERS], E = dims[D_EMB], H = dims[D_HEADS];
+    const long G = dims[D_KV], D = dims[D_HEAD_DIM], F = dims[D_HIDDEN];
+    const long V = dims[D_VOCAB], C = dims[D_CACHE];
+    const float eps = (float)eps_d;
+    if (L < 1 || E < 16 || E % 16 || F < 16 || F % 16 || D < 16 || D % 16
+        || H < 1 || G < 1 || H % G || (H * D) % 16 || V < 1 || C < 1
+        || pos < 0 || pos >= C || token < 0 || token >= V)
+        return 1;
+    const long QKV = (H + 2 * G) * D, K_MAX = E > F ? (E > H * D ? E : H * D)
+                                                    : (F > H * D ? F : H * D);
+    const long Y_MAX = QKV > 2 * F ? QKV : 2 * F;
+    const size_t floats = (size_t)(E + K_MAX + 2 * H * D + K_MAX + 16 + D
+                                   + H * (pos + 1));
+    float *mem = malloc(floats * 4 + (size_t)Y_MAX * 2);
+    if (!mem) return 2;
+    float *x = mem, *hin = x + E, *qf = hin + K_MAX, *ctx = qf + H * D;
+    float *xbuf = ctx + H * D, *tmp = xbuf + K_MAX + 16, *att = tmp + D;
+    uint16_t *y = (uint16_t *)(att + H * (pos + 1));
+    const mv_ctx mc = {exact, threads, xbuf};
+    const float *cos = (const float *)p[G_COS] + pos * D;
+    const float *sin = (const float *)p[G_SIN] + pos * D;
+
+    if (p[G_EMB_SCALE]) {  /* int8 table: row times its scale */
+        const int8_t *row = (const int8_t *)p[G_EMB] + token * E;
+        const float sc = ((const float *)p[G_EMB_SCALE])[token];
+        for (long i = 0; i < E; ++i) x[i] = rb((float)row[i] * sc);
+    } else {
+        const uint16_t *row = (const uint16_t *)p[G_EMB] + token * E;
+        for (long i = 0; i < E; ++i) x[i] = from_bf16(row[i]);
+    }
+
+    for (long l = 0; l < L; ++l) {
+        const void *const *q = p + G_COUNT + l * L_COUNT;
+        const float *qn = q[L_QNORM], *kn = q[L_KNORM];
+        uint16_t *kc = (uint16_t *)q[L_KC], *vc = (uint16_t *)q[L_VC];
+        /* attention */
+        rmsnorm(x, E, q[L_NORM1], eps, hin);
+        {
+            const void *w[3] = {q[L_WQ], q[L_WK], q[L_WV]};
+            const float *s[3] = {q[L_SQ], q[L_SK], q[L_SV]};
+            const long n[3] = {H * D, G * D, G * D};
+            mv(&mc, hin, E, 3, w, s[0] ? s : NULL, n, y);
+        }
+        for (long h = 0; h < H; ++h)
+            norm_rope(y + h * D, D, qn, eps, cos, sin, tmp, qf + h * D);
+        for (long g = 0; g < G; ++g) {
+            norm_rope(y + (H + g) * D, D, kn, eps, cos, sin, tmp, ctx);
+            uint16_t *kslot = kc + (g * C + pos) * D;
+            for (long i = 0; i < D; ++i) kslot[i] = to_bf16(ctx[i]);
+            memcpy(vc + (g * C + pos) * D, y + (H + G + g) * D,
+                   (size_t)D * 2);
+        }
+        const long r = H / G, len = pos + 1;
+#ifdef _OPENMP
+        #pragma omp parallel for num_threads(threads) schedule(static) \
+            if (threads > 1 && len * H * D >= (1L << 16))
+#endif
+        for (long h = 0; h < H; ++h)
+            attend_head(qf + h * D, kc + (h / r) * C * D,
+                        vc + (h / r) * C * D, len, D, att + h * len,
+                        ctx + h * D);
+        {
+            const void *w[1] = {q[L_WO]};
+            const float *s[1] = {q[L_SO]};
+            const long n[1] = {E};
+            mv(&mc, ctx, H * D, 1, w, s[0] ? s : NULL, n, y);
+        }
+        for (long i = 0; i < E; ++i) x[i] = rb(x[i] + from_bf16(y[i]));
+        /* feed-forward */
+        rmsnorm(x, E, q[L_NORM2], eps, hin);
+        {
+            const void *w[2] = {q[L_W1], q[L_W2]};
+            const float *s[2] = {q[L_S1], q[L_S2]};
+            const long n[2] = {F, F};
+            mv(&mc, hin, E, 2, w, s[0] ? s : NULL, n, y);
+        }
+        for (long i = 0; i < F; ++i)
+            hin[i] = rb(rb(silu(from_bf16(y[i]))) * from_bf16(y[F + i]));
+        {
+            const void *w[1] = {q[L_W3]};
+            const float *s[1] = {q[L_S3]};
+            const long n[1] = {E};
+            mv(&mc, hin, F, 1, w, s[0] ? s : NULL, n, y);
+        }
+        for (long i = 0; i < E; ++i) x[i] = rb(x[i] + from_bf16(y[i]));
+    }
+    rmsnorm(x, E, p[G_FINAL_NORM], eps, hin);
+    {
+        const void *w[1] = {p[G_HEAD]};
+        const float *s[1] = {p[G_HEAD_SCALE]};
+        const long n[1] = {V};
+        mv(&mc, hin, E, 1, w, s[0] ? s : NULL, n, logits);
+    }
+    free(mem);
+    return 0;
+}
+
 /* Lets the loader check that it opened the library it built. */
 int qwen3_matvec_abi(void) {
 #ifdef _OPENMP
-    return 0x30001;
+    return 0x40001;
 #else
-    return 0x30000;
+    return 0x40000;
 #endif
 }

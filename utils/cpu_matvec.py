@@ -72,9 +72,9 @@ __all__ = [
 ]
 
 SOURCE = Path(__file__).with_name("cpu_matvec.c")
-_FLAGS = ["-O3", "-mavx2", "-mfma", "-shared", "-fPIC"]
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC"]
 _OPENMP = "-fopenmp"
-_ABI = 0x30000  # qwen3_matvec_abi() in cpu_matvec.c, plus 1 with OpenMP
+_ABI = 0x40000  # qwen3_matvec_abi() in cpu_matvec.c, plus 1 with OpenMP
 # entry point -> number of weight-side arrays (weight [, scales])
 _ENTRIES = {
     "qwen3_matvec_bf16": 1,
@@ -334,6 +334,9 @@ def _load(path: Path) -> Kernels:
             fn = getattr(lib, name)
             fn.argtypes = [p, i, i, *[p] * arrays, p, p, i, long_, i]
             fn.restype = i
+        step = lib.qwen3_decode_step  # see utils.native_step
+        step.argtypes = [p, ctypes.c_double, p, long_, long_, i, p, i]
+        step.restype = i
     except AttributeError as exc:
         raise RuntimeError(f"{path.name} lacks the kernel entry points") from exc
     version = abi()

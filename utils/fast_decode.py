@@ -25,8 +25,11 @@ AVX-512 BF16 CPUs). Eager decoding gives the book's greedy tokens where
 PyTorch takes its AVX2 path (tested); elsewhere rounding may differ. The
 compiled step (fused attention, reordered float32 sums) is close, not equal.
 
-Weight-only int8 (approximate) lives in `utils.quantize`; `pick_faster` times
-eager against compiled decoding on this machine.
+On CPUs, `FastQwen3.use_native_step()` runs the whole decode step as one
+C call (`utils.native_step`): no compile, the fastest step there; close to
+the eager step's numbers, not bit-equal. Weight-only int8 (approximate)
+lives in `utils.quantize`; `pick_faster` times eager, compiled and native
+decoding on this machine and keeps the fastest.
 """
 
 from __future__ import annotations
@@ -449,7 +452,33 @@ class FastQwen3(nn.Module):
 
     def decode_compiled(self) -> bool:
         """Whether `generate` will use a compiled decode step."""
-        return self._decode_step is not None and not self._decode_step.failed
+        step = self._decode_step
+        return isinstance(step, _FallbackCompiled) and not step.failed
+
+    def use_native_step(self, enabled: bool = True, exact: bool = True) -> bool:
+        """Run each decode step (batch 1, CPU) as one C call, no compile
+        needed (`utils.native_step`; close to, not bit-equal with, eager).
+        Replaces a compiled step. Returns whether it is on; where it cannot
+        run, prints one line saying why and keeps the current step."""
+        from utils import native_step
+
+        if not enabled:
+            if self.decode_native():
+                self._decode_step = None
+            return False
+        reason = native_step.unsupported_reason(self)
+        if reason is not None:
+            print(f"fast_decode: native decode step off ({reason})")
+            return False
+        self._decode_step = native_step.NativeStep(self, exact=exact)
+        self.compile_scope = None
+        return True
+
+    def decode_native(self) -> bool:
+        """Whether `generate` will use the native (one C call) decode step."""
+        from utils.native_step import NativeStep
+
+        return isinstance(self._decode_step, NativeStep)
 
 
 class _FallbackCompiled:
@@ -585,18 +614,26 @@ def pick_faster(
     steps: int = 6,
     max_new_tokens: int | None = None,
     scope: str = "step",
+    native: bool = True,
 ) -> dict[str, Any]:
-    """Time `steps` decode steps eager and compiled (compiling first with
-    `scope`, if not compiled yet) and keep the faster: the compiled step
-    stays only if it wins. Give the `max_new_tokens` you will generate, so
-    the cache (and compiled code) has the size `generate` will use.
-    Returns {"choice": "eager"|"compiled", "eager_s", "compiled_s",
+    """Time `steps` decode steps eager, compiled (compiling first with
+    `scope`, if not compiled yet) and, with `native` where it can run, as
+    one C call (`use_native_step`); keep the fastest. Give the
+    `max_new_tokens` you will generate, so the cache (and compiled code) has
+    the size `generate` will use. Returns {"choice": "eager"|"compiled"|
+    "native", "eager_s", "compiled_s", "native_s" (None if not timed),
     "compile_s"} (median seconds per step; compile_s = first compiled step)."""
     _check_fast_model(model)
-    if model._decode_step is None:
+    if model._decode_step is None or model.decode_native():
         model.compile_decode(scope=scope)
     compiled = model._decode_step
     length = token_ids.shape[1] + max(steps + 1, max_new_tokens or 0)
+    native_step = None
+    if native and batch_of_one(token_ids):
+        from utils import native_step as ns
+
+        if ns.unsupported_reason(model) is None:
+            native_step = ns.NativeStep(model)
 
     def per_step(step_fn: Callable | None) -> tuple[float, float]:
         model._decode_step = step_fn
@@ -616,13 +653,25 @@ def pick_faster(
     with torch.inference_mode():  # as in generate: no guard mismatch
         _, eager_s = per_step(None)
         compile_s, compiled_s = per_step(compiled)
-    if not compiled.failed and compiled_s < eager_s:
-        choice = "compiled"
-    else:
-        model._decode_step, choice = None, "eager"
+        native_s = None if native_step is None else per_step(native_step)[1]
+    timed = {"eager": (eager_s, None)}
+    if not compiled.failed:
+        timed["compiled"] = (compiled_s, compiled)
+    if native_step is not None:
+        timed["native"] = (native_s, native_step)
+    choice = min(timed, key=lambda k: timed[k][0])
+    model._decode_step = timed[choice][1]
+    if choice == "native":
+        model.compile_scope = None
     return {
         "choice": choice,
         "eager_s": eager_s,
         "compiled_s": compiled_s,
+        "native_s": native_s,
         "compile_s": compile_s,
     }
+
+
+def batch_of_one(token_ids: torch.Tensor) -> bool:
+    """Whether `token_ids` is one CPU sequence (what the native step runs)."""
+    return token_ids.shape[0] == 1 and token_ids.device.type == "cpu"

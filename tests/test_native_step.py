@@ -1,0 +1,194 @@
+"""utils.native_step: the whole decode step in one C call must compute what
+the book's bf16 model computes (within bf16 rounding), for bf16 and int8
+weights, and fall back to the eager step wherever it cannot run."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+from reasoning_from_scratch.ch02 import generate_text_basic_stream_cache as book_gen
+from reasoning_from_scratch.qwen3 import KVCache
+from tiny import PROMPT, book_model, tiny_config, tiny_state_dict, tokens
+
+from utils import cpu_matvec, fast_decode
+from utils.fast_decode import FastQwen3, decode_one_token, generate, prefill
+from utils.native_step import NativeStep, unsupported_reason
+from utils.quantize import quantize_int8
+
+BF16 = tiny_config(context_length=512, dtype=torch.bfloat16)
+
+pytestmark = pytest.mark.skipif(
+    cpu_matvec._unsupported_reason() is not None,
+    reason="the native step needs the x86-64 AVX2 kernels",
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_kernel_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        if not os.environ.get("QWEN3_KERNEL_CACHE"):
+            mp.setenv("QWEN3_KERNEL_CACHE", str(tmp_path_factory.mktemp("kernels")))
+        yield
+
+
+def native(sd, cfg=BF16, **kwargs) -> FastQwen3:
+    model = FastQwen3.from_state_dict(cfg, sd)
+    assert model.use_native_step(**kwargs) and model.decode_native()
+    assert not model.decode_compiled()
+    return model
+
+
+def teacher_forced(ref_step, model, prompt, seq):
+    """Max |logit difference| / max |reference logit| and the share of equal
+    argmax tokens, along `seq`: ref_step(token or None) -> reference logits."""
+    model.setup_cache(1, prompt.shape[1] + len(seq) + 1)
+    with torch.inference_mode():
+        ref = ref_step(prompt)
+        _, got = prefill(model, prompt)
+        pos = torch.tensor([prompt.shape[1]])
+        worst, same = 0.0, 0
+        for tok in seq:
+            t = torch.tensor([[tok]])
+            ref = ref_step(t).float()
+            nxt, got = decode_one_token(model, t, pos, int(pos) + 1)
+            worst = max(worst, float((got.float() - ref).abs().max() / ref.abs().max()))
+            same += int(nxt[0, 0]) == int(ref.argmax())
+            pos = pos + 1
+    return worst, same / len(seq)
+
+
+def test_tokens_and_logits_match_the_books_bf16_model():
+    sd = tiny_state_dict(11, BF16)
+    book = book_model(sd, BF16)
+    want = tokens(book_gen(book, PROMPT, 120))[0]
+    assert len(set(want)) > 30  # not a constant stream
+    model = native(sd)
+    cache = KVCache(n_layers=BF16["n_layers"])
+    book.reset_kv_cache()
+
+    def book_step(t):
+        return book(t, cache=cache)[:, -1]
+
+    worst, same = teacher_forced(book_step, model, PROMPT, want)
+    # bf16 rounding at the book's points; only sums inside norms, softmax
+    # and attention run in another order
+    # (the book's bf16 matmuls round differently on AVX-512 CPUs: margin)
+    assert worst < 0.03
+    assert same >= 0.9
+
+
+def test_equals_the_eager_step_and_ignores_the_thread_count():
+    sd = tiny_state_dict(12, BF16)
+    eager = FastQwen3.from_state_dict(BF16, sd)
+    model = native(sd)
+    seq = tokens(generate(eager, PROMPT, 60))[0]
+
+    def eager_step(t):
+        n = t.shape[1]
+        if n > 1:
+            return prefill(eager, t)[1]
+        step = eager_step.pos
+        eager_step.pos += 1
+        return decode_one_token(eager, t, torch.tensor([step]), step + 1)[1]
+
+    eager_step.pos = PROMPT.shape[1]
+    eager.setup_cache(1, PROMPT.shape[1] + len(seq) + 1)
+    worst, same = teacher_forced(eager_step, model, PROMPT, seq)
+    assert worst < 0.03 and same >= 0.9
+    threads = torch.get_num_threads()
+    runs = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            model.setup_cache(1, 80)
+            prefill(model, PROMPT)
+            pos = torch.tensor([PROMPT.shape[1]])
+            with torch.inference_mode():
+                runs.append(decode_one_token(model, PROMPT[:, :1], pos)[1])
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(runs[0], runs[1])  # rows and heads split, sums not
+
+
+def test_int8_weights_match_the_eager_int8_step():
+    sd = tiny_state_dict(13, BF16)
+    eager = quantize_int8(FastQwen3.from_state_dict(BF16, sd))
+    model = quantize_int8(FastQwen3.from_state_dict(BF16, sd))
+    assert model.use_native_step()
+    want = tokens(generate(eager, PROMPT, 60))[0]
+    got = tokens(generate(model, PROMPT, 60))[0]
+    assert sum(a == b for a, b in zip(got, want, strict=True)) >= 30  # free-running
+    # quantize_int8 drops a step that saw the bf16 layers
+    assert quantize_int8(model)._decode_step is None
+
+
+def test_cache_written_by_native_steps_serves_eager_steps():
+    sd = tiny_state_dict(14, BF16)
+    model = native(sd)
+    eager = FastQwen3.from_state_dict(BF16, sd)
+    want = tokens(generate(eager, PROMPT, 30))[0]
+    model.setup_cache(1, 40)
+    tok, _ = prefill(model, PROMPT)
+    got, pos = [int(tok)], PROMPT.shape[1]
+    with torch.inference_mode():
+        for i in range(29):
+            if i == 15:  # the rest eager, reading what native steps wrote
+                model.use_native_step(False)
+                assert model._decode_step is None
+            tok, _ = decode_one_token(model, tok, torch.tensor([pos]), pos + 1)
+            got.append(int(tok))
+            pos += 1
+    assert sum(a == b for a, b in zip(got, want, strict=True)) >= 15
+    k = model.trf_blocks[1].att.k_cache[0, :, : pos - 1].float()
+    eager.setup_cache(1, 40)
+    list(generate(eager, PROMPT, 30))
+    k_ref = eager.trf_blocks[1].att.k_cache[0, :, : pos - 1].float()
+    assert (k - k_ref).abs().max() <= 0.02 * k_ref.abs().max()
+
+
+def test_falls_back_to_eager_where_it_cannot_run(capsys):
+    sd = tiny_state_dict(15, BF16)
+    model = native(sd)
+    eager = FastQwen3.from_state_dict(BF16, sd)
+    batch = torch.cat([PROMPT, PROMPT.flip(1)])
+    assert tokens(generate(model, batch, 20)) == tokens(generate(eager, batch, 20))
+    model.use_cpu_matvec(False)  # asked for torch's matmul: eager step
+    assert tokens(generate(model, PROMPT, 20)) == tokens(generate(eager, PROMPT, 20))
+    f32 = FastQwen3.from_state_dict(tiny_config(), tiny_state_dict(15, tiny_config()))
+    assert unsupported_reason(f32) is not None
+    assert f32.use_native_step() is False and f32._decode_step is None
+    assert "native decode step off (it needs a bf16 model" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="native decode step unavailable"):
+        NativeStep(f32)
+
+
+def test_position_outside_the_cache_is_a_clear_error():
+    model = native(tiny_state_dict(16, BF16))
+    model.setup_cache(1, 10)  # rounded up to 64 slots
+    prefill(model, PROMPT)
+    with torch.inference_mode(), pytest.raises(ValueError, match="inside the KV cache"):
+        decode_one_token(model, PROMPT[:, :1], torch.tensor([64]))
+    with torch.inference_mode(), pytest.raises(ValueError, match="token 5000"):
+        decode_one_token(model, torch.tensor([[5000]]), torch.tensor([6]))
+
+
+def test_pick_faster_can_choose_the_native_step():
+    sd = tiny_state_dict(17, BF16)
+    model = FastQwen3.from_state_dict(BF16, sd)
+    want = tokens(generate(FastQwen3.from_state_dict(BF16, sd), PROMPT, 10))[0]
+
+    def slow_step(*args):  # a "compiled" step that loses to the others
+        time.sleep(0.05)
+        return fast_decode._decode_one_token_impl(*args)
+
+    model._decode_step = fast_decode._FallbackCompiled(slow_step)
+    result = fast_decode.pick_faster(model, PROMPT, steps=3)
+    assert result["native_s"] is not None
+    best = min(("eager", "compiled", "native"), key=lambda k: result[f"{k}_s"])
+    assert result["choice"] == best
+    assert model.decode_native() == (best == "native")
+    got = tokens(generate(model, PROMPT, 10))[0]
+    assert sum(a == b for a, b in zip(got, want, strict=True)) >= 5
