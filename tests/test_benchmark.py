@@ -305,3 +305,53 @@ def test_choice_names_the_fastest_and_the_soonest_fast_path():
     text = benchmark.describe_choice(rows)
     assert "fast_compiled (12.0 tok/s)" in text and "fast (13.0 s" in text
     assert benchmark.describe_choice(rows[:1]) is None
+
+
+def test_native_modes_run_and_count_in_the_choice():
+    from utils import cpu_matvec
+
+    if cpu_matvec.get_kernels() is None:
+        pytest.skip("the native step needs the x86-64 AVX2 kernels")
+    rows = benchmark.run_benchmark(
+        modes=["fast", "fast_native", "fast_native_int8"],
+        device="cpu",
+        dtype="bfloat16",
+        max_new_tokens=6,
+        repeats=2,
+        cfg=TINY,
+        state_dict=SD,
+        token_ids=PROMPT,
+        quiet=True,
+        bandwidth_bytes=1 << 22,
+    )
+    by_mode = {r["mode"]: r for r in rows}
+    assert list(by_mode) == ["fast", "fast_native", "fast_native_int8"]
+    assert by_mode["fast_native"]["warmup_cached_s"] is None  # nothing compiles
+    # int8 reads about half the bytes and is compared with the best bf16 row
+    native_int8 = by_mode["fast_native_int8"]
+    assert (
+        native_int8["weight_bytes_per_token"]
+        < 0.6 * (by_mode["fast_native"]["weight_bytes_per_token"])
+    )
+    best = max(rows[:2], key=lambda r: r["tokens_per_sec"])
+    assert native_int8["speed_vs_best_bf16_fast"] == pytest.approx(
+        native_int8["tokens_per_sec"] / best["tokens_per_sec"]
+    )
+    assert "fast_native" in benchmark.describe_choice(rows) or best["mode"] == "fast"
+
+
+def test_native_modes_are_skipped_in_one_line_where_they_cannot_run(capsys):
+    rows = benchmark.run_benchmark(
+        modes=["fast_native"],
+        device="cpu",
+        dtype="float32",  # the native step needs bf16
+        max_new_tokens=3,
+        repeats=1,
+        cfg=TINY,
+        state_dict=SD,
+        token_ids=PROMPT,
+        quiet=True,
+        bandwidth_bytes=1 << 22,
+    )
+    assert rows == []
+    assert "fast_native: skipped, " in capsys.readouterr().out

@@ -192,3 +192,17 @@ def test_pick_faster_can_choose_the_native_step():
     assert model.decode_native() == (best == "native")
     got = tokens(generate(model, PROMPT, 10))[0]
     assert sum(a == b for a, b in zip(got, want, strict=True)) >= 5
+
+
+def test_cli_streamer_uses_the_native_step_for_fast(capsys):
+    from utils.streaming import GreedyStreamer
+
+    sd = tiny_state_dict(18, BF16)
+    book = book_model(sd, BF16)
+    eager = FastQwen3.from_state_dict(BF16, sd)
+    want = tokens(generate(eager, PROMPT, 12))[0]
+    streamer = GreedyStreamer(book)
+    got = list(streamer.stream(PROMPT, 12, fast=True))
+    assert streamer._fast.decode_native()
+    assert "native decode step (one C call per token)" in capsys.readouterr().err
+    assert sum(a == b for a, b in zip(got, want, strict=True)) >= 6

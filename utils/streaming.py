@@ -83,9 +83,10 @@ class GreedyStreamer:
 
     Variants are built on first use and kept: `compile` wraps the model in
     `torch.compile` (compiling costs minutes once), `fast` uses
-    `utils.fast_decode` (static KV cache; `compile` then compiles its
-    transformer block and keeps eager or compiled, whichever `pick_faster`
-    measures faster on this machine). The plain paths are `utils.generation`'s
+    `utils.fast_decode` (static KV cache; on CPUs the native one-call step
+    where it can run; `compile` then compiles its transformer block and
+    keeps eager, compiled or native, whichever `pick_faster` measures
+    fastest on this machine). The plain paths are `utils.generation`'s
     generators.
     """
 
@@ -111,9 +112,17 @@ class GreedyStreamer:
 
         if self._fast is None:
             self._fast = fast_decode.FastQwen3.from_book_model(self.model)
+            if not compile and self._fast._device().type == "cpu":
+                # one C call per token where it can run (no compile needed)
+                if self._fast.use_native_step():
+                    print(
+                        "fast path: native decode step (one C call per token)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         if compile and not self._fast_compiled:
             # Compile the block (shared by all layers: seconds, not minutes),
-            # then keep whichever of eager and compiled is faster here
+            # then keep the fastest of eager, compiled and native here
             self._fast.compile_decode(scope="block")
             self._fast_compiled = True
             if token_ids is not None:
@@ -121,11 +130,13 @@ class GreedyStreamer:
                     self._fast, token_ids, max_new_tokens=max_new_tokens
                 )
                 self.fast_choice = pick
+                native = pick["native_s"]
+                native = "" if native is None else f", native {native * 1000:.0f}"
                 print(
-                    f"fast path: {pick['choice']} decoding is faster here "
-                    f"(eager {pick['eager_s'] * 1000:.0f} ms, compiled "
-                    f"{pick['compiled_s'] * 1000:.0f} ms per token; compiling "
-                    f"took {pick['compile_s']:.1f} s)",
+                    f"fast path: {pick['choice']} decoding is fastest here "
+                    f"(eager {pick['eager_s'] * 1000:.0f}, compiled "
+                    f"{pick['compiled_s'] * 1000:.0f}{native} ms per token; "
+                    f"compiling took {pick['compile_s']:.1f} s)",
                     file=sys.stderr,
                     flush=True,
                 )
