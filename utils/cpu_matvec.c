@@ -444,6 +444,55 @@ enum { D_LAYERS, D_EMB, D_HEADS, D_KV, D_HEAD_DIM, D_HIDDEN, D_VOCAB,
 
 static inline float rb(float f) { return from_bf16(to_bf16(f)); }
 
+/* rb on 8 floats (same bits as to_bf16, NaN kept quiet) */
+static inline __m256 rb8(__m256 v) {
+    const __m256i u = _mm256_castps_si256(v), hi = _mm256_set1_epi32(-65536);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16),
+                                         _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                                     lsb));
+    r = _mm256_and_si256(r, hi);
+    const __m256i q = _mm256_or_si256(_mm256_and_si256(u, hi),
+                                      _mm256_set1_epi32(0x400000));
+    return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q),
+                            _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
+/* e^x on 8 floats, within about 1 ulp of expf (range reduction by ln 2
+   and a degree-6 polynomial; the classic Cephes coefficients): 0 below
+   the smallest subnormal, inf above ln(FLT_MAX), NaN stays NaN. torch's own
+   vectorised exp is not glibc's expf either; results round to bf16. */
+static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-103.972f), hi = _mm256_set1_ps(88.7228f);
+    const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* times 2^n as 2^a * 2^b, a = n >> 1, b = n - a: both factors normal
+       for n in [-150, 128], so results near overflow or in the subnormal
+       range come out right */
+    const __m256i ni = _mm256_cvtps_epi32(n);
+    const __m256i a = _mm256_srai_epi32(ni, 1), b = _mm256_sub_epi32(ni, a);
+    const __m256i bias = _mm256_set1_epi32(127);
+    const __m256 ea = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(a, bias), 23));
+    const __m256 eb = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(b, bias), 23));
+    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, ea), eb);
+
+    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+static inline __m256 load_bf16x8(const uint16_t *p) { return bf16x8_natural(p); }
+
 typedef struct {
     int exact, threads;
     float *xbuf;   /* permuted x (bf16 fast kernel) or int16 x (int8) */
@@ -466,13 +515,17 @@ static void mv(const mv_ctx *c, const float *x, long k, int count,
     }
 }
 
-/* The book's RMSNorm in float32: x * rsqrt(mean(x^2) + eps) * scale. */
+/* The book's RMSNorm in float32: x * rsqrt(mean(x^2) + eps) * scale
+   (n % 8 == 0). */
 static void rmsnorm(const float *x, long n, const float *scale, float eps,
                     float *out) {
     double ss = 0.0;
     for (long i = 0; i < n; ++i) ss += (double)x[i] * x[i];
     const float r = 1.0f / sqrtf((float)(ss / (double)n) + eps);
-    for (long i = 0; i < n; ++i) out[i] = rb(x[i] * r * scale[i]);
+    const __m256 rv = _mm256_set1_ps(r);
+    for (long i = 0; i < n; i += 8)  /* (x * r) * scale, as in torch */
+        _mm256_storeu_ps(out + i, rb8(_mm256_mul_ps(
+            _mm256_mul_ps(_mm256_loadu_ps(x + i), rv), _mm256_loadu_ps(scale + i))));
 }
 
 /* One head (bf16 values in h, d entries): optional qk-norm, then RoPE at
@@ -509,29 +562,73 @@ static void attend_head(const float *q, const uint16_t *kc,
         mx = w[j] > mx ? w[j] : mx;
     }
     float sum = 0.0f;
-    for (long j = 0; j < len; ++j) {
-        w[j] = expf(w[j] - mx);
-        sum += w[j];
+    long j = 0;
+    for (; j + 8 <= len; j += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(w + j),
+                                            _mm256_set1_ps(mx)));
+        _mm256_storeu_ps(w + j, e);
     }
-    for (long j = 0; j < len; ++j) w[j] = rb(w[j] / sum);
+    for (; j < len; ++j) w[j] = expf(w[j] - mx);
+    for (j = 0; j < len; ++j) sum += w[j];
+    for (j = 0; j < len; ++j) w[j] = rb(w[j] / sum);
     for (long i = 0; i < d; i += 8) {
         __m256 a = _mm256_setzero_ps();
         for (long j = 0; j < len; ++j)
             a = _mm256_fmadd_ps(_mm256_set1_ps(w[j]),
                                 bf16x8_natural(vc + j * d + i), a);
-        _mm256_storeu_ps(out + i, a);
+        _mm256_storeu_ps(out + i, rb8(a));
     }
-    for (long i = 0; i < d; ++i) out[i] = rb(out[i]);
 }
 
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+/* out = bf16(bf16(silu(gate)) * up) on bf16 inputs, n % 8 == 0 */
+static void swiglu(const uint16_t *gate, const uint16_t *up, long n,
+                   float *out) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (long i = 0; i < n; i += 8) {
+        const __m256 g = load_bf16x8(gate + i);
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        const __m256 act = rb8(_mm256_div_ps(g, _mm256_add_ps(one, e)));
+        _mm256_storeu_ps(out + i, rb8(_mm256_mul_ps(act, load_bf16x8(up + i))));
+    }
+}
 
-/* Logits (bf16, vocab) for `token` at position `pos`; its key and value
-   are written into the caches first. 0 on success, 1 for bad arguments,
-   2 when out of memory. */
+/* x = bf16(x + y) for n (% 8 == 0) bf16 values y */
+static void add_residual(float *x, const uint16_t *y, long n) {
+    for (long i = 0; i < n; i += 8)
+        _mm256_storeu_ps(x + i, rb8(_mm256_add_ps(_mm256_loadu_ps(x + i),
+                                                  load_bf16x8(y + i))));
+}
+
+/* torch.argmax over n bf16 values: the first largest, or the first NaN */
+static long argmax_bf16(const uint16_t *v, long n) {
+    long best = 0;
+    float mx = from_bf16(v[0]);
+    if (mx != mx) return 0;
+    for (long i = 1; i < n; ++i) {
+        const float f = from_bf16(v[i]);
+        if (f != f) return i;
+        if (f > mx) { mx = f; best = i; }
+    }
+    return best;
+}
+
+/* For the tests: y = rb8(x) (op 0) or exp8(x) (op 1) over n % 8 == 0
+   floats; 1 for a bad op or n. */
+int qwen3_vector_op(int op, const float *x, float *y, long n) {
+    if (n % 8 || op < 0 || op > 1) return 1;
+    for (long i = 0; i < n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        _mm256_storeu_ps(y + i, op ? exp8(v) : rb8(v));
+    }
+    return 0;
+}
+
+/* Logits (bf16, vocab) for `token` at position `pos` and their argmax in
+   *next; its key and value are written into the caches first. 0 on
+   success, 1 for bad arguments, 2 when out of memory. */
 int qwen3_decode_step(const long *dims, double eps_d, const void *const *p,
                       long token, long pos, int exact, uint16_t *logits,
-                      int threads) {
+                      long *next, int threads) {
     const long L = dims[D_LAYERS], E = dims[D_EMB], H = dims[D_HEADS];
     const long G = dims[D_KV], D = dims[D_HEAD_DIM], F = dims[D_HIDDEN];
     const long V = dims[D_VOCAB], C = dims[D_CACHE];
@@ -599,7 +696,7 @@ int qwen3_decode_step(const long *dims, double eps_d, const void *const *p,
             const long n[1] = {E};
             mv(&mc, ctx, H * D, 1, w, s[0] ? s : NULL, n, y);
         }
-        for (long i = 0; i < E; ++i) x[i] = rb(x[i] + from_bf16(y[i]));
+        add_residual(x, y, E);
         /* feed-forward */
         rmsnorm(x, E, q[L_NORM2], eps, hin);
         {
@@ -608,15 +705,14 @@ int qwen3_decode_step(const long *dims, double eps_d, const void *const *p,
             const long n[2] = {F, F};
             mv(&mc, hin, E, 2, w, s[0] ? s : NULL, n, y);
         }
-        for (long i = 0; i < F; ++i)
-            hin[i] = rb(rb(silu(from_bf16(y[i]))) * from_bf16(y[F + i]));
+        swiglu(y, y + F, F, hin);
         {
             const void *w[1] = {q[L_W3]};
             const float *s[1] = {q[L_S3]};
             const long n[1] = {E};
             mv(&mc, hin, F, 1, w, s[0] ? s : NULL, n, y);
         }
-        for (long i = 0; i < E; ++i) x[i] = rb(x[i] + from_bf16(y[i]));
+        add_residual(x, y, E);
     }
     rmsnorm(x, E, p[G_FINAL_NORM], eps, hin);
     {
@@ -625,6 +721,7 @@ int qwen3_decode_step(const long *dims, double eps_d, const void *const *p,
         const long n[1] = {V};
         mv(&mc, hin, E, 1, w, s[0] ? s : NULL, n, logits);
     }
+    *next = argmax_bf16(logits, V);
     free(mem);
     return 0;
 }

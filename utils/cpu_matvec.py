@@ -335,8 +335,10 @@ def _load(path: Path) -> Kernels:
             fn.argtypes = [p, i, i, *[p] * arrays, p, p, i, long_, i]
             fn.restype = i
         step = lib.qwen3_decode_step  # see utils.native_step
-        step.argtypes = [p, ctypes.c_double, p, long_, long_, i, p, i]
+        step.argtypes = [p, ctypes.c_double, p, long_, long_, i, p, p, i]
         step.restype = i
+        vec = lib.qwen3_vector_op  # the step's bf16 rounding and exp (tests)
+        vec.argtypes, vec.restype = [i, p, p, long_], i
     except AttributeError as exc:
         raise RuntimeError(f"{path.name} lacks the kernel entry points") from exc
     version = abi()

@@ -121,6 +121,7 @@ class NativeStep:
         self._eps = float(model.final_norm.eps)
         self._table = array.array("Q", self._static_table(model))
         self._cache_key: tuple[int, ...] | None = None
+        self._next = array.array("l", [0])  # the argmax, written by C
 
     def _static_table(self, model: Any) -> list[int]:
         emb = model.tok_emb
@@ -192,7 +193,7 @@ class NativeStep:
         rc = kernels.lib.qwen3_decode_step(
             self._dims.buffer_info()[0], self._eps, self._table.buffer_info()[0],
             token, pos, int(self.exact), logits.data_ptr(),
-            torch.get_num_threads(),
+            self._next.buffer_info()[0], torch.get_num_threads(),
         )  # fmt: skip
         if rc == 1:
             raise ValueError(
@@ -202,4 +203,5 @@ class NativeStep:
             )
         if rc:
             raise MemoryError("native decode step: out of memory")
-        return torch.argmax(logits, dim=-1, keepdim=True), logits
+        # torch.argmax's choice (first maximum, NaN first), made in C
+        return torch.tensor([[self._next[0]]]), logits
