@@ -15,7 +15,7 @@ can be mixed freely.
 Numerics: bf16 is rounded at the same points as the book's model, but the
 float32 sums inside the small operations (norms, softmax, attention) run in
 their own order, so tokens are close to the eager path's, not guaranteed
-equal (measured: `utils.benchmark`'s `native_agreement`).
+equal (measured with `scripts/agreement.py`).
 """
 
 from __future__ import annotations
