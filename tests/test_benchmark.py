@@ -263,7 +263,7 @@ def test_memory_is_the_modes_own_and_the_spread_is_reported(rows):
     for r in rows:
         # (the book's own modes also read its RoPE buffers in place)
         assert r["shared_weight_bytes"] >= loaded, r["mode"]
-        assert r["peak_mem_bytes"] >= loaded
+        assert r["peak_mem_bytes"] >= loaded + r["own_tensor_bytes"]
         assert r["process_peak_mem_bytes"] >= r["peak_mem_bytes"] - loaded
         runs = r["tokens_per_sec_runs"]
         assert len(runs) == 2
@@ -289,6 +289,16 @@ def test_shared_weight_bytes_counts_only_tensors_still_in_use():
     norms = sum(p.numel() * 2 for n, p in book.named_parameters() if p.dim() == 1)
     assert benchmark.shared_weight_bytes(q, book) == norms
     assert benchmark.weight_bytes_per_token(q) < everything / 1.9
+    # ... and the int8 tables and scales are its own, plus a cache once it
+    # has one
+    int8 = sum(b.numel() * b.element_size() for b in q.buffers() if b is not None)
+    assert int8 > everything / 2.1
+    assert benchmark.own_tensor_bytes(q, book) == int8
+    assert benchmark.own_tensor_bytes(fast, book) == 0
+    fast.setup_cache(1, 10)
+    cache = 2 * TINY["n_layers"] * fast.trf_blocks[0].att.k_cache.nbytes
+    rope = fast.cos.nbytes + fast.sin.nbytes + fast.positions.nbytes
+    assert benchmark.own_tensor_bytes(fast, book) == cache + rope
 
 
 def test_choice_names_the_fastest_and_the_soonest_fast_path():

@@ -244,3 +244,18 @@ def test_the_steps_bf16_rounding_and_exp():
     )
     assert edge[:3].tolist()[:2] == [0.0, float("inf")] and edge[2].isnan()
     assert edge[3] == 1.0
+
+
+def test_new_weights_renew_the_step_and_old_ones_stay_alive():
+    sd, other = tiny_state_dict(19, BF16), tiny_state_dict(20, BF16)
+    model = native(sd)
+    step = model._decode_step
+    # the step holds every tensor it points at: replacing one cannot free it
+    held = {id(t) for t in step._keep}
+    assert id(model.trf_blocks[0].att.W_query.weight) in held
+    assert id(model.out_head.weight) in held
+    model.load_state_dict(other, assign=True)  # new tensors, new addresses
+    assert model.decode_native() and model._decode_step is not step
+    want = tokens(generate(FastQwen3.from_state_dict(BF16, other), PROMPT, 20))[0]
+    got = tokens(generate(model, PROMPT, 20))[0]
+    assert sum(a == b for a, b in zip(got, want, strict=True)) >= 10

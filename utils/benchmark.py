@@ -124,6 +124,7 @@ ROW_FIELDS = (
     "peak_mem_bytes",
     "process_peak_mem_bytes",
     "shared_weight_bytes",
+    "own_tensor_bytes",
     "memory_kind",
     "ratio_vs_kv_cache",
     "compiled",
@@ -220,16 +221,26 @@ def shared_weight_bytes(model: torch.nn.Module, loaded: torch.nn.Module) -> int:
     """Bytes of the tensors of `loaded` (the book model every mode starts
     from) that `model` still uses: the weights a mode reads without copying."""
 
-    def storages(m: torch.nn.Module) -> dict[int, int]:
-        found = {}
-        for t in [*m.parameters(), *m.buffers()]:
-            if t is not None and t.device.type != "meta":
-                st = t.untyped_storage()
-                found[st.data_ptr()] = st.nbytes()
-        return found
-
-    mine, theirs = storages(model), storages(loaded)
+    mine, theirs = _storages(model), _storages(loaded)
     return sum(nbytes for ptr, nbytes in mine.items() if ptr in theirs)
+
+
+def own_tensor_bytes(model: torch.nn.Module, loaded: torch.nn.Module) -> int:
+    """Bytes of `model`'s tensors that are not `loaded`'s: the copies a mode
+    made (int8 weights, static KV cache). A floor for its memory where the
+    allocator reuses memory freed by an earlier mode, so RSS does not grow."""
+    mine, theirs = _storages(model), _storages(loaded)
+    return sum(nbytes for ptr, nbytes in mine.items() if ptr not in theirs)
+
+
+def _storages(m: torch.nn.Module) -> dict[int, int]:
+    """{storage address: bytes} of a module's parameters and buffers."""
+    found = {}
+    for t in [*m.parameters(), *m.buffers()]:
+        if t is not None and t.device.type != "meta":
+            st = t.untyped_storage()
+            found[st.data_ptr()] = st.nbytes()
+    return found
 
 
 # ---------------------------------------------------------------------------
@@ -746,12 +757,17 @@ def _run_mode(mode, book, token_ids, n, repeats, dev, quiet):
     # The mode's own memory: the loaded weights it reads in place, plus
     # what the process grew by while it ran (its copies, caches, compiling);
     # the loaded model itself is shared by every mode, so it is not counted
-    # for modes that do not use it (fast_int8 reads only its int8 copy)
+    # for modes that do not use it (fast_int8 reads only its int8 copy).
+    # At least its own tensors: RSS need not grow when the allocator hands
+    # out memory an earlier mode freed
     row["shared_weight_bytes"] = shared_weight_bytes(model, book)
-    row["peak_mem_bytes"] = row["shared_weight_bytes"] + mem.growth
+    row["own_tensor_bytes"] = own_tensor_bytes(model, book)
+    row["peak_mem_bytes"] = row["shared_weight_bytes"] + max(
+        mem.growth, row["own_tensor_bytes"]
+    )
     row["memory_kind"] = (
         "Memory the mode uses: loaded weights it reads in place + peak "
-        f"growth ({mem.kind})"
+        f"growth ({mem.kind}), at least its own tensors"
     )
     row["weight_bytes_per_token"] = weight_bytes_per_token(model)
     row["weight_read_gbps"] = (

@@ -256,6 +256,8 @@ class FastQwen3(nn.Module):
         self._decode_step: Callable | None = None  # set by compile_decode
         self.compile_scope: str | None = None  # "step" or "block" once compiled
         self._kernel_wanted = True  # applied by prefill (see use_cpu_matvec)
+        # a native step points at the weights: renew it when they are replaced
+        self.register_load_state_dict_post_hook(_renew_native_step)
 
     # -- construction --------------------------------------------------------
 
@@ -479,6 +481,13 @@ class FastQwen3(nn.Module):
         from utils.native_step import NativeStep
 
         return isinstance(self._decode_step, NativeStep)
+
+
+def _renew_native_step(model: FastQwen3, incompatible: Any) -> None:
+    if model.decode_native():
+        from utils.native_step import NativeStep
+
+        model._decode_step = NativeStep(model, exact=model._decode_step.exact)
 
 
 class _FallbackCompiled:

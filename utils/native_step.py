@@ -100,7 +100,9 @@ class NativeStep:
 
     Batches other than 1 (and a model set to `use_cpu_matvec(False)`)
     take the eager step. `exact=True` sums the bf16 products in torch's
-    AVX2 order (the eager kernel); False uses the faster-ordered one."""
+    AVX2 order (the eager kernel); False uses the faster-ordered one.
+    It reads the weights the model had when it was made (and keeps them
+    alive); `FastQwen3.load_state_dict` and `quantize_int8` renew or drop it."""
 
     failed = False  # the interface of fast_decode's compiled steps
     block_fn = None
@@ -110,7 +112,8 @@ class NativeStep:
         if reason is not None:
             raise ValueError(f"native decode step unavailable: {reason}")
         self.exact = exact
-        self._keep: list[torch.Tensor] = []  # float32 norm scales
+        # every tensor the table points at (weights, float32 norm copies)
+        self._keep: list[torch.Tensor] = []
         cfg = model.cfg
         self._vocab = cfg["vocab_size"]
         dims = [
@@ -126,14 +129,19 @@ class NativeStep:
     def _static_table(self, model: Any) -> list[int]:
         emb = model.tok_emb
         if hasattr(emb, "weight_int8"):
-            emb_ptrs = [emb.weight_int8.data_ptr(), emb.scales.data_ptr()]
+            emb_t = [emb.weight_int8, emb.scales]
         else:
-            emb_ptrs = [emb.weight.contiguous().data_ptr(), 0]
+            emb_t = [emb.weight]
+        if not all(t.is_contiguous() for t in emb_t):
+            raise ValueError("native decode step: the embedding must be contiguous")
+        emb_ptrs = [emb_t[0].data_ptr(), emb_t[1].data_ptr() if len(emb_t) > 1 else 0]
+        self._keep += emb_t  # C reads them: never freed while this step lives
         head_w, head_s = _weight(model.out_head)
+        self._keep += [head_w] if head_s is None else [head_w, head_s]
         table = [
             *emb_ptrs,
             _f32(model.final_norm.scale, self._keep),
-            head_w.data_ptr(),
+            head_w.data_ptr(),  # (kept below with the layers' weights)
             0 if head_s is None else head_s.data_ptr(),
             0,  # cos, sin: filled per cache
             0,
@@ -149,6 +157,7 @@ class NativeStep:
             for layer in (att.W_query, att.W_key, att.W_value, att.out_proj,
                           ff.fc1, ff.fc2, ff.fc3):  # fmt: skip
                 w, s = _weight(layer)
+                self._keep += [w] if s is None else [w, s]
                 table += [w.data_ptr(), 0 if s is None else s.data_ptr()]
             table += [0, 0]  # k, v cache: filled per cache
         return table
@@ -156,7 +165,13 @@ class NativeStep:
     def _point_at_cache(self, model: Any) -> None:
         """Point the table at the model's current cache and cos/sin rows."""
         caches = [(b.att.k_cache, b.att.v_cache) for b in model.trf_blocks]
-        key = (model.cos.data_ptr(), *(k.data_ptr() for k, _ in caches))
+        # the length too: a new cache may reuse the old one's addresses
+        key = (
+            caches[0][0].shape[2],
+            model.cos.data_ptr(),
+            model.sin.data_ptr(),
+            *(t.data_ptr() for pair in caches for t in pair),
+        )
         if key == self._cache_key:
             return
         self._table[5] = model.cos.contiguous().data_ptr()
