@@ -33,7 +33,13 @@ from utils.fast_decode import (
     pick_faster,
     prefill,
 )
-from utils.quantize import Int8Embedding, Int8Linear, int8_agreement, quantize_int8
+from utils.quantize import (
+    Int8Embedding,
+    Int8Linear,
+    int8_agreement,
+    quantize_int8,
+    quantize_weight,
+)
 from utils.standin import standin_state_dict, write_standin_weights
 
 TINY = tiny_config(context_length=512)
@@ -254,6 +260,29 @@ def test_int8_linear_is_close_to_the_float_layer():
     ref = lin(x)
     rel = (q(x) - ref).norm() / ref.norm()
     assert rel < 0.01
+
+
+def test_quantize_weight_is_chunk_independent_and_keeps_temporaries_small():
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    w = (torch.randn(4096, 1024) * 0.05).to(torch.bfloat16)
+    w[3] = 0  # an all-zero row keeps a tiny positive scale, not nan
+    w[9, 5] = -7.0  # its absmax is negative
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        q, scales = quantize_weight(w)
+    # no temporary larger than the int8 result (4 MB); a float32 copy of
+    # the whole weight would be 16 MB and stay in the heap as peak memory
+    largest = max(e.cpu_memory_usage for e in prof.events())
+    assert largest <= q.numel()
+    ref = w.float()
+    s = ref.abs().amax(dim=1).clamp(min=1e-12) / 127
+    assert torch.equal(scales, s)
+    assert torch.equal(q, torch.round(ref / s[:, None]).clamp(-127, 127).to(torch.int8))
+    assert q[9, 5] == -127 and not q[3].any()
+    for chunk in (1, 7, 5000):
+        q2, s2 = quantize_weight(w, rows_per_chunk=chunk)
+        assert torch.equal(q2, q) and torch.equal(s2, scales)
 
 
 def test_int8_model_mostly_agrees_and_leaves_book_weights_alone(tiny):

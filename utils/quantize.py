@@ -37,20 +37,27 @@ __all__ = [
 
 
 def quantize_weight(
-    weight: torch.Tensor, rows_per_chunk: int = 8192
+    weight: torch.Tensor, rows_per_chunk: int = 256
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(int8 weight, float32 scales (rows,)) with weight ~= q * scales[:, None].
-    Converts a chunk of rows at a time, so temporaries stay small."""
+    Works in place on one small float32 chunk of rows at a time: large
+    temporaries would stay in the process's heap and raise its peak memory."""
     w = weight.detach()
+    n_rows, n_cols = w.shape
     q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
-    scales = torch.empty(w.shape[0], dtype=torch.float32, device=w.device)
-    for start in range(0, w.shape[0], rows_per_chunk):
-        rows = w[start : start + rows_per_chunk].to(torch.float32)
-        s = rows.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-        q[start : start + rows_per_chunk] = torch.round(rows / s[:, None]).clamp(
-            -127, 127
-        )
-        scales[start : start + rows_per_chunk] = s
+    scales = torch.empty(n_rows, dtype=torch.float32, device=w.device)
+    buf = torch.empty(
+        (min(rows_per_chunk, n_rows), n_cols), dtype=torch.float32, device=w.device
+    )
+    for start in range(0, n_rows, rows_per_chunk):
+        stop = min(start + rows_per_chunk, n_rows)
+        rows = buf[: stop - start]
+        rows.copy_(w[start:stop])
+        low, high = torch.aminmax(rows, dim=1)
+        s = torch.maximum(high, low.neg()).clamp_(min=1e-12).div_(127.0)
+        rows.div_(s[:, None]).round_().clamp_(-127, 127)
+        q[start:stop].copy_(rows)
+        scales[start:stop] = s
     return q, scales
 
 
