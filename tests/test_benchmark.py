@@ -23,20 +23,27 @@ PROMPT = torch.tensor([[3, 1, 4, 1, 5]])
 REPO = Path(__file__).resolve().parents[1]
 
 
+def tiny_run(modes: list[str], **overrides) -> list[dict]:
+    """run_benchmark on the tiny model: float32, 3 tokens, one repeat, quiet,
+    a 4 MiB read-speed probe; keyword arguments override these."""
+    kwargs = {
+        "device": "cpu",
+        "dtype": "float32",
+        "max_new_tokens": 3,
+        "repeats": 1,
+        "cfg": TINY,
+        "state_dict": SD,
+        "token_ids": PROMPT,
+        "quiet": True,
+        "bandwidth_bytes": 1 << 22,
+        **overrides,
+    }
+    return benchmark.run_benchmark(modes=modes, **kwargs)
+
+
 @pytest.fixture(scope="module")
 def rows():
-    return benchmark.run_benchmark(
-        modes=MODES,
-        device="cpu",
-        dtype="float32",
-        max_new_tokens=6,
-        repeats=2,
-        cfg=TINY,
-        state_dict=SD,
-        token_ids=PROMPT,
-        quiet=True,
-        bandwidth_bytes=1 << 22,
-    )
+    return tiny_run(MODES, max_new_tokens=6, repeats=2)
 
 
 def _weight_bytes_by_hand() -> int:
@@ -133,17 +140,7 @@ def test_book_compiled_modes_use_the_books_setting(monkeypatch):
     monkeypatch.setattr(torch, "compile", fake_compile)
     modes = ["regular_compiled", "kv_cache_compiled", "optimized_compiled"]
     with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=False):
-        rows = benchmark.run_benchmark(
-            modes=modes,
-            dtype="float32",
-            max_new_tokens=3,
-            repeats=1,
-            cfg=TINY,
-            state_dict=SD,
-            token_ids=PROMPT,
-            quiet=True,
-            bandwidth_bytes=1 << 20,
-        )
+        rows = tiny_run(modes)
     assert [r["mode"] for r in rows] == modes
     assert seen == [torch_version() >= BOOK_SETTING_MIN_TORCH] * 3
     for r in rows:
@@ -153,16 +150,7 @@ def test_book_compiled_modes_use_the_books_setting(monkeypatch):
 
 def test_hf_static_without_transformers_is_skipped_in_one_line(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "transformers", None)  # import fails
-    rows = benchmark.run_benchmark(
-        modes=["kv_cache", "hf_static"],
-        dtype="float32",
-        max_new_tokens=3,
-        repeats=1,
-        cfg=TINY,
-        state_dict=SD,
-        token_ids=PROMPT,
-        bandwidth_bytes=1 << 20,
-    )
+    rows = tiny_run(["kv_cache", "hf_static"], quiet=False)
     assert [r["mode"] for r in rows] == ["kv_cache"]
     captured = capsys.readouterr()
     skipped = [line for line in captured.out.splitlines() if "hf_static" in line]
@@ -324,18 +312,8 @@ def test_native_modes_run_and_count_in_the_choice():
 
     if cpu_matvec.get_kernels() is None:
         pytest.skip("the native step needs the x86-64 AVX2 kernels")
-    rows = benchmark.run_benchmark(
-        modes=["fast", "fast_native", "fast_native_int8"],
-        device="cpu",
-        dtype="bfloat16",
-        max_new_tokens=6,
-        repeats=2,
-        cfg=TINY,
-        state_dict=SD,
-        token_ids=PROMPT,
-        quiet=True,
-        bandwidth_bytes=1 << 22,
-    )
+    modes = ["fast", "fast_native", "fast_native_int8"]
+    rows = tiny_run(modes, dtype="bfloat16", max_new_tokens=6, repeats=2)
     by_mode = {r["mode"]: r for r in rows}
     assert list(by_mode) == ["fast", "fast_native", "fast_native_int8"]
     assert by_mode["fast_native"]["warmup_cached_s"] is None  # nothing compiles
@@ -353,18 +331,7 @@ def test_native_modes_run_and_count_in_the_choice():
 
 
 def test_native_modes_are_skipped_in_one_line_where_they_cannot_run(capsys):
-    rows = benchmark.run_benchmark(
-        modes=["fast_native"],
-        device="cpu",
-        dtype="float32",  # the native step needs bf16
-        max_new_tokens=3,
-        repeats=1,
-        cfg=TINY,
-        state_dict=SD,
-        token_ids=PROMPT,
-        quiet=True,
-        bandwidth_bytes=1 << 22,
-    )
+    rows = tiny_run(["fast_native"])  # float32: the native step needs bf16
     assert rows == []
     assert "fast_native: skipped, " in capsys.readouterr().out
 
@@ -372,11 +339,7 @@ def test_native_modes_are_skipped_in_one_line_where_they_cannot_run(capsys):
 def test_each_mode_is_compared_with_the_read_speed_around_it(monkeypatch):
     probes = iter([30e9, 20e9, 40e9])  # start, after mode 1, after mode 2
     monkeypatch.setattr(benchmark, "measure_read_bandwidth", lambda *a: next(probes))
-    rows = benchmark.run_benchmark(
-        modes=["kv_cache", "fast"], device="cpu", dtype="float32",
-        max_new_tokens=3, repeats=1, cfg=TINY, state_dict=SD,
-        token_ids=PROMPT, quiet=True,
-    )  # fmt: skip
+    rows = tiny_run(["kv_cache", "fast"])
     # the larger of the probes just before and just after each mode
     assert [r["machine_read_gbps"] for r in rows] == [30.0, 40.0]
     assert [r["run_read_gbps"] for r in rows] == [30.0, 30.0]

@@ -36,15 +36,6 @@ from utils.quantize import Int8Linear, quantize_int8
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def private_kernel_cache(tmp_path_factory):
-    """Build into a temporary cache unless the run already points elsewhere."""
-    with pytest.MonkeyPatch.context() as mp:
-        if not os.environ.get("QWEN3_KERNEL_CACHE"):
-            mp.setenv("QWEN3_KERNEL_CACHE", str(tmp_path_factory.mktemp("kernels")))
-        yield
-
-
 @pytest.fixture(scope="module")
 def kernels():
     loaded = cpu_matvec.get_kernels()

@@ -7,7 +7,6 @@ real 0.6B shape only where that shape is the point (float32 and bf16).
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -43,15 +42,6 @@ from utils.quantize import (
 from utils.standin import standin_state_dict, write_standin_weights
 
 TINY = tiny_config(context_length=512)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def private_kernel_cache(tmp_path_factory):
-    """Build kernels into a temporary cache unless the run points elsewhere."""
-    with pytest.MonkeyPatch.context() as mp:
-        if not os.environ.get("QWEN3_KERNEL_CACHE"):
-            mp.setenv("QWEN3_KERNEL_CACHE", str(tmp_path_factory.mktemp("kernels")))
-        yield
 
 
 def on_torchs_avx2_gemv() -> bool:

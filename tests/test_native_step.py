@@ -4,7 +4,6 @@ weights, and fall back to the eager step wherever it cannot run."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -24,14 +23,6 @@ pytestmark = pytest.mark.skipif(
     cpu_matvec._unsupported_reason() is not None,
     reason="the native step needs the x86-64 AVX2 kernels",
 )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def private_kernel_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        if not os.environ.get("QWEN3_KERNEL_CACHE"):
-            mp.setenv("QWEN3_KERNEL_CACHE", str(tmp_path_factory.mktemp("kernels")))
-        yield
 
 
 def native(sd, cfg=BF16, **kwargs) -> FastQwen3:

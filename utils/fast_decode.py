@@ -638,7 +638,8 @@ def pick_faster(
     compiled = model._decode_step
     length = token_ids.shape[1] + max(steps + 1, max_new_tokens or 0)
     native_step = None
-    if native and batch_of_one(token_ids):
+    # the native step runs one CPU sequence
+    if native and token_ids.shape[0] == 1 and token_ids.device.type == "cpu":
         from utils import native_step as ns
 
         if ns.unsupported_reason(model) is None:
@@ -679,8 +680,3 @@ def pick_faster(
         "native_s": native_s,
         "compile_s": compile_s,
     }
-
-
-def batch_of_one(token_ids: torch.Tensor) -> bool:
-    """Whether `token_ids` is one CPU sequence (what the native step runs)."""
-    return token_ids.shape[0] == 1 and token_ids.device.type == "cpu"
