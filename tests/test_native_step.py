@@ -250,3 +250,31 @@ def test_new_weights_renew_the_step_and_old_ones_stay_alive():
     want = tokens(generate(FastQwen3.from_state_dict(BF16, other), PROMPT, 20))[0]
     got = tokens(generate(model, PROMPT, 20))[0]
     assert sum(a == b for a, b in zip(got, want, strict=True)) >= 10
+
+
+def test_step_bandwidth_script_times_each_step_next_to_a_sum():
+    import importlib.util
+    from pathlib import Path
+
+    from utils.benchmark import weight_bytes_per_token
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "step_bandwidth.py"
+    spec = importlib.util.spec_from_file_location("step_bandwidth", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    sd = tiny_state_dict(21, BF16)
+    bf16, int8 = native(sd), quantize_int8(FastQwen3.from_state_dict(BF16, sd))
+    assert int8.use_native_step()
+    rows = script.side_by_side({"bf16": bf16, "int8": int8}, rounds=4, positions=3)
+    assert [r["mode"] for r in rows] == ["bf16", "int8"]
+    for row, model in zip(rows, (bf16, int8), strict=True):
+        assert row["gb_per_token"] == weight_bytes_per_token(model) / 1e9
+        assert row["step_ms"] > 0 and row["ratio"] > 0
+        assert row["step_gbps"] == pytest.approx(
+            row["gb_per_token"] / row["step_ms"] * 1e3
+        )
+        # steps ran at the prompt's next 3 positions, in the model's cache
+        cache = model.trf_blocks[0].att.k_cache[0, 0]
+        assert cache[5:8].abs().sum(dim=-1).gt(0).all()
+        assert not cache[8:].any()
+    assert rows[1]["gb_per_token"] < 0.6 * rows[0]["gb_per_token"]
