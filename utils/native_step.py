@@ -123,7 +123,11 @@ class NativeStep:
         self._dims = array.array("l", dims)
         self._eps = float(model.final_norm.eps)
         self._table = array.array("Q", self._static_table(model))
-        self._cache_key: tuple[int, ...] | None = None
+        self._atts = [block.att for block in model.trf_blocks]
+        # the cos/sin and cache tensors the table points at, held so their
+        # memory cannot be freed and reused while the table names it
+        self._cache_refs: tuple[torch.Tensor, ...] = ()
+        self._keep_cache: tuple[torch.Tensor, ...] = ()
         self._next = array.array("l", [0])  # the argmax, written by C
 
     def _static_table(self, model: Any) -> list[int]:
@@ -163,27 +167,29 @@ class NativeStep:
         return table
 
     def _point_at_cache(self, model: Any) -> None:
-        """Point the table at the model's current cache and cos/sin rows."""
-        caches = [(b.att.k_cache, b.att.v_cache) for b in model.trf_blocks]
-        # the length too: a new cache may reuse the old one's addresses
-        key = (
-            caches[0][0].shape[2],
-            model.cos.data_ptr(),
-            model.sin.data_ptr(),
-            *(t.data_ptr() for pair in caches for t in pair),
-        )
-        if key == self._cache_key:
+        """Point the table at the model's current cache and cos/sin rows
+        (checked by identity each step: a few microseconds)."""
+        current = (model.cos, model.sin)
+        current += tuple(t for a in self._atts for t in (a.k_cache, a.v_cache))
+        held = self._cache_refs
+        if len(held) == len(current) and all(
+            a is b for a, b in zip(current, held, strict=True)
+        ):
             return
-        self._table[5] = model.cos.contiguous().data_ptr()
-        self._table[6] = model.sin.contiguous().data_ptr()
-        for i, (k, v) in enumerate(caches):
-            if not (k.is_contiguous() and v.is_contiguous()):
-                raise ValueError("the KV cache must be contiguous")
+        cos, sin = model.cos.contiguous(), model.sin.contiguous()
+        caches = current[2:]
+        if not all(t.is_contiguous() for t in caches):
+            raise ValueError("the KV cache must be contiguous")
+        self._table[5], self._table[6] = cos.data_ptr(), sin.data_ptr()
+        for i in range(len(self._atts)):
             base = _GLOBAL_SLOTS + i * _LAYER_SLOTS
-            self._table[base + 18] = k.data_ptr()
-            self._table[base + 19] = v.data_ptr()
-        self._dims[7] = caches[0][0].shape[2]
-        self._cache_key = key
+            self._table[base + 18] = caches[2 * i].data_ptr()
+            self._table[base + 19] = caches[2 * i + 1].data_ptr()
+        self._dims[7] = caches[0].shape[2]
+        # the identity check needs the model's own objects; the pointers
+        # may name contiguous copies: hold both
+        self._cache_refs = current
+        self._keep_cache = (cos, sin)
 
     def __call__(
         self, model: Any, cur_token: torch.Tensor, input_pos: torch.Tensor
