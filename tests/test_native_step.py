@@ -140,6 +140,33 @@ def test_cache_written_by_native_steps_serves_eager_steps():
     assert (k - k_ref).abs().max() <= 0.02 * k_ref.abs().max()
 
 
+def test_step_follows_a_new_cache_and_holds_a_copied_cos():
+    sd = tiny_state_dict(22, BF16)
+    model, ref = native(sd), native(sd)
+    want = tokens(generate(ref, PROMPT, 12))[0]
+    assert tokens(generate(model, PROMPT, 12))[0] == want
+    old = model.trf_blocks[0].att.k_cache
+    # a longer cache (new tensors) and a cos/sin that is not contiguous
+    model.setup_cache(1, 200)
+    model.cos = model.cos.t().contiguous().t()
+    model.sin = model.sin.t().contiguous().t()
+    assert not model.cos.is_contiguous()
+    tok, _ = prefill(model, PROMPT)
+    got, pos = [int(tok)], PROMPT.shape[1]
+    with torch.inference_mode():
+        for _ in range(11):
+            tok, _ = decode_one_token(model, tok, torch.tensor([pos]))
+            got.append(int(tok))
+            pos += 1
+    assert got == want
+    step = model._decode_step
+    assert step._cache_refs[2] is model.trf_blocks[0].att.k_cache is not old
+    assert step._dims[7] == model.trf_blocks[0].att.k_cache.shape[2]
+    cos = step._keep_cache[0]  # the copy the table points at, kept alive
+    assert cos.is_contiguous() and torch.equal(cos, model.cos)
+    assert step._table[5] == cos.data_ptr()
+
+
 def test_falls_back_to_eager_where_it_cannot_run(capsys):
     sd = tiny_state_dict(15, BF16)
     model = native(sd)
