@@ -21,6 +21,8 @@ from _view_fixtures import (
 )
 
 from utils import cli
+from utils.fast_decode import FastQwen3
+from utils.fast_decode import generate as fast_generate
 from utils.qwen3_tokenizer import TOKENIZER_VOCAB_SIZE
 from utils.streaming import GreedyStreamer, decode_bytes
 
@@ -234,9 +236,10 @@ def tiny_cli(monkeypatch, tiny):
 
     def fake_load(args, kind, **tokenizer_kwargs):
         cli._resolve_device(args.device)
-        cli._check_fast(args.fast, args.cache)
+        cli._check_fast(args.fast, args.cache, args.int8)
         t = load_tokenizer(tok_path, **tokenizer_kwargs)
-        return cli.Loaded(t, model, torch.device("cpu"), GreedyStreamer(model), True)
+        streamer = GreedyStreamer(model, int8=args.int8)
+        return cli.Loaded(t, model, torch.device("cpu"), streamer, True)
 
     monkeypatch.setattr(cli, "load", fake_load)
     return tiny
@@ -269,6 +272,26 @@ def test_generate_in_process_matches_generator(tiny_cli, capsys):
         )
         assert ids == expected[: len(ids)] and len(ids) == 7
         assert out.startswith(decode_bytes(tok, ids) + "\n\nTime:")
+
+
+def test_int8_flag_quantizes_the_fast_path_only(tiny_cli, capsys):
+    from utils.quantize import Int8Linear, quantize_int8
+
+    tok, model, _ = tiny_cli
+    args = ["--prompt", PROMPT, "--max-new-tokens", "7", "--print-ids"]
+    assert cli.generate_main([*args, "--int8"]) == 2
+    errors = [x for x in capsys.readouterr().err.splitlines() if "error" in x]
+    assert len(errors) == 1 and "--int8" in errors[0] and "--fast" in errors[0]
+    rc = cli.generate_main([*args, "--fast", "--int8"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "fast path: weight-only int8" in err
+    ids = [int(x) for x in out.rsplit("Token ids: ", 1)[1].split()]
+    # the int8 fast model's own greedy tokens; the book model stays float
+    fast = quantize_int8(FastQwen3.from_book_model(model))
+    prompt = torch.tensor([tok.encode(PROMPT)])
+    assert ids == [int(t) for t in fast_generate(fast, prompt, 7)]
+    assert not any(isinstance(m, Int8Linear) for m in model.modules())
 
 
 def test_chat_prompt_holds_the_previous_exchange(tiny, tmp_path_factory):

@@ -226,6 +226,24 @@ def test_cli_streamer_uses_the_native_step_for_fast(capsys):
     assert sum(a == b for a, b in zip(got, want, strict=True)) >= 6
 
 
+def test_int8_streamer_runs_the_native_int8_step(capsys):
+    from utils.quantize import Int8Linear
+    from utils.streaming import GreedyStreamer
+
+    sd = tiny_state_dict(23, BF16)
+    book = book_model(sd, BF16)
+    eager = quantize_int8(FastQwen3.from_state_dict(BF16, sd))
+    want = tokens(generate(eager, PROMPT, 12))[0]
+    streamer = GreedyStreamer(book, int8=True)
+    got = list(streamer.stream(PROMPT, 12, fast=True))
+    assert streamer._fast.decode_native()
+    assert isinstance(streamer._fast.trf_blocks[0].ff.fc1, Int8Linear)
+    assert "weight-only int8" in capsys.readouterr().err
+    assert sum(a == b for a, b in zip(got, want, strict=True)) >= 6
+    # the book model the streamer also serves keeps its bf16 weights
+    assert book.trf_blocks[0].ff.fc1.weight.dtype == torch.bfloat16
+
+
 def vector_op(op: int, x: torch.Tensor) -> torch.Tensor:
     x = x.to(torch.float32).contiguous()
     y = torch.empty_like(x)

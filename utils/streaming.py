@@ -90,8 +90,9 @@ class GreedyStreamer:
     generators.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, int8: bool = False) -> None:
         self.model = model
+        self.int8 = int8  # the fast path with weight-only int8 (approximate)
         self._compiled: torch.nn.Module | None = None
         self._fast: Any = None
         self._fast_compiled = False
@@ -112,6 +113,16 @@ class GreedyStreamer:
 
         if self._fast is None:
             self._fast = fast_decode.FastQwen3.from_book_model(self.model)
+            if self.int8:
+                from utils.quantize import quantize_int8
+
+                quantize_int8(self._fast)  # the book's bf16 model stays as is
+                print(
+                    "fast path: weight-only int8 (about half the bytes per "
+                    "token; approximate, tokens can differ from bf16's)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if not compile and self._fast._device().type == "cpu":
                 # one C call per token where it can run (no compile needed)
                 if self._fast.use_native_step():
