@@ -4,6 +4,8 @@ read after the device finished, and statistics that never raise."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from _view_fixtures import (
@@ -68,6 +70,17 @@ def test_ids_text_and_writes_match_the_generator(tok, model):
     assert all(pieces)  # empty pieces are not written
     assert result.elapsed_s > 0 and result.tokens_per_sec > 0
     assert not result.interrupted and not result.stopped and result.stats is None
+
+
+def test_time_starts_after_the_stream_is_set_up(tok):
+    class SlowSetUp(Scripted):
+        def stream(self, ids, n, eos, **kwargs):
+            time.sleep(0.5)  # like building the fast path the first time
+            return super().stream(ids, n, eos, **kwargs)
+
+    result = stream_generation(SlowSetUp([11, 12, 13]), tok, [1, 2], 3)
+    assert result.token_ids == [11, 12, 13]
+    assert 0 < result.elapsed_s < 0.25
 
 
 def test_invalid_input_raises_before_generating(tok, model):

@@ -183,12 +183,9 @@ def load(args: argparse.Namespace, kind: str, **tokenizer_kwargs: Any) -> Loaded
     """Resolve the device, get the files and load tokenizer and model, turning
     every failure into a one-line `CliError`."""
     import torch
-    from reasoning_from_scratch.qwen3 import (
-        QWEN_CONFIG_06_B,
-        Qwen3Model,
-        Qwen3Tokenizer,
-    )
+    from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Tokenizer
 
+    from utils.benchmark import load_book_model
     from utils.streaming import GreedyStreamer
 
     device = _resolve_device(args.device)
@@ -204,10 +201,11 @@ def load(args: argparse.Namespace, kind: str, **tokenizer_kwargs: Any) -> Loaded
     _status(f"Loading {model_path} ...")
     try:
         state_dict = torch.load(model_path, map_location="cpu", weights_only=True)
-        model = Qwen3Model(QWEN_CONFIG_06_B)
-        model.load_state_dict(state_dict)
+        # the model takes the loaded tensors (no random init, no second copy)
+        model, _, _ = load_book_model(
+            device, QWEN_CONFIG_06_B["dtype"], state_dict=state_dict
+        )
         del state_dict
-        model.to(device).eval()
     except Exception as exc:
         raise CliError(
             f"could not load the model weights from {model_path} "
