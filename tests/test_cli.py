@@ -203,6 +203,21 @@ def test_corrupt_files_fail_with_one_line(env, tmp_path, broken, tmp_path_factor
     assert "delete it" in proc.stderr
 
 
+def test_checkpoint_of_another_model_fails_with_one_line(
+    tmp_path, capsys, tmp_path_factory
+):
+    tok, _ = standin_files(tmp_path_factory, "base", tokenizer_only=True)
+    model_file = tmp_path / "qwen3-0.6B-base.pth"
+    torch.save({"tok_emb.weight": torch.zeros(2, 2)}, model_file)
+    rc = cli.generate_main(
+        ["--prompt", "hi", "--device", "cpu", "--model-file", str(model_file),
+         "--tokenizer-file", str(tok)]
+    )  # fmt: skip
+    errors = [x for x in capsys.readouterr().err.splitlines() if "error" in x]
+    assert rc == 2 and len(errors) == 1
+    assert "could not load the model weights" in errors[0] and "delete it" in errors[0]
+
+
 def test_console_scripts_are_declared():
     try:
         import tomllib
