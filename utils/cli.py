@@ -129,7 +129,7 @@ def _resolve_device(name: str) -> Any:
         raise CliError(str(exc)) from None
 
 
-def _check_fast(fast: bool, cache: bool, int8: bool = False) -> None:
+def _check_fast(fast: bool, cache: bool, int8: bool) -> None:
     from utils.streaming import fast_decode_available
 
     if int8 and not fast:
