@@ -11,7 +11,7 @@ from reasoning_from_scratch import ch02 as book
 from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model
 from tiny import tiny_config
 
-from utils import generation
+from utils import device
 from utils.generation import (
     generate_stats,
     generate_text_basic_stream,
@@ -134,11 +134,11 @@ def test_process_memory_peak_on_windows_and_without_resource(monkeypatch):
             return Info()
 
     monkeypatch.setattr(psutil, "Process", FakeProcess)
-    assert generation.process_memory_bytes() == (real.rss, real.rss * 2)
+    assert device.process_memory_bytes() == (real.rss, real.rss * 2)
     # Neither peak_wset nor `resource`: the current figure stands in
     del Info.peak_wset
     monkeypatch.setitem(sys.modules, "resource", None)
-    assert generation.process_memory_bytes() == (real.rss, real.rss)
+    assert device.process_memory_bytes() == (real.rss, real.rss)
 
 
 @pytest.fixture(scope="module")

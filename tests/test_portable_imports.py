@@ -64,7 +64,7 @@ for module in json.loads(sys.argv[2]):
     check(module, lambda: importlib.import_module(module) and None)
 
 def memory():
-    from utils.generation import process_memory_bytes
+    from utils.device import process_memory_bytes
     current, peak = process_memory_bytes()
     return None if peak >= current > 0 else (current, peak)
 

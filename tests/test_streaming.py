@@ -15,7 +15,7 @@ from _view_fixtures import (
     unknown_id_model,
 )
 
-from utils import generation, streaming
+from utils import device, streaming
 from utils.generation import generate_text_basic_stream_cache
 from utils.qwen3_tokenizer import TOKENIZER_VOCAB_SIZE
 from utils.streaming import (
@@ -139,7 +139,7 @@ def test_clock_is_read_after_the_device_synchronised(tok, monkeypatch):
         return next(clock)
 
     monkeypatch.setattr(streaming.time, "perf_counter", fake_clock)
-    monkeypatch.setattr(generation, "synchronize", lambda d: events.append(f"sync {d}"))
+    monkeypatch.setattr(device, "synchronize", lambda d: events.append(f"sync {d}"))
     ids = tok.encode(" a b c")
     result = stream_generation(Scripted(ids), tok, [1], 3, device=torch.device("cpu"))
     assert events == ["clock", "sync cpu", "clock"]

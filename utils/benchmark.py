@@ -73,6 +73,7 @@ from typing import Any
 
 import torch
 
+from utils.device import synchronize
 from utils.fileio import atomic_write_text
 
 ALL_MODES = (
@@ -187,7 +188,7 @@ class _PeakMemory:
             self._stop.wait(self.interval_s)
 
     def __enter__(self) -> _PeakMemory:
-        from utils.generation import reset_peak_memory
+        from utils.device import reset_peak_memory
 
         reset_peak_memory(self.device)
         if self.device.type == "cpu":
@@ -203,7 +204,7 @@ class _PeakMemory:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        from utils.generation import peak_memory_bytes
+        from utils.device import peak_memory_bytes
 
         if self._thread is not None:
             self._stop.set()
@@ -248,12 +249,6 @@ def _storages(m: torch.nn.Module) -> dict[int, int]:
 # ---------------------------------------------------------------------------
 
 
-def _sync(device: torch.device) -> None:
-    backend = getattr(torch, device.type, None)
-    if device.type != "cpu" and backend is not None and hasattr(backend, "synchronize"):
-        backend.synchronize()
-
-
 def _time_stream(
     stream: Callable[[], Iterable[Any]],
     device: torch.device,
@@ -267,7 +262,7 @@ def _time_stream(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, desc=progress, unit="tok", leave=False)
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     first = None
     n = 0
@@ -275,12 +270,12 @@ def _time_stream(
         for tok in stream():
             if first is None:
                 if hasattr(tok, "device"):
-                    _sync(device)
+                    synchronize(device)
                 first = time.perf_counter()
             n += 1
             if bar is not None:
                 bar.update(1)
-        _sync(device)
+        synchronize(device)
     finally:
         if bar is not None:
             bar.close()
@@ -400,10 +395,10 @@ def _hf_static_runner(book_model, token_ids, n):
 
 
 def _hf_time_stream(stream, device) -> dict[str, float]:
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     stamps = list(stream())
-    _sync(device)
+    synchronize(device)
     end = time.perf_counter()
     first = stamps[0] if stamps else end
     return {"ttft_s": first - start, "total_s": end - start, "tokens": len(stamps)}
@@ -489,10 +484,10 @@ def measure_read_bandwidth(
     torch.sum(buf)  # warm-up: page in, start the threads
     best = float("inf")
     for _ in range(repeats):
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         torch.sum(buf)
-        _sync(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     del buf
     return size_bytes / best

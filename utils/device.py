@@ -8,6 +8,7 @@ setting that the installed PyTorch version actually reads.
 from __future__ import annotations
 
 import platform
+import sys
 
 import torch
 
@@ -127,3 +128,70 @@ def print_environment(device: torch.device | None = None) -> None:
     width = max(len(k) for k in info)
     for key, value in info.items():
         print(f"{key:<{width}} : {value}")
+
+
+# --------------------------------------------------------------------------
+# Waiting for the device and measuring memory (the one home of these)
+# --------------------------------------------------------------------------
+
+
+def process_memory_bytes() -> tuple[int, int]:
+    """(current, peak) resident memory of this process in bytes (CPU runs).
+
+    The peak comes from Windows' peak working set or Unix `getrusage`; where
+    neither exists, the current figure stands in for it.
+    """
+    import psutil
+
+    info = psutil.Process().memory_info()
+    current = info.rss
+    peak = getattr(info, "peak_wset", None)  # Windows only
+    if peak is None:
+        try:
+            import resource  # Unix only
+        except ImportError:
+            peak = current
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            # Linux reports kilobytes, macOS bytes
+            peak = peak if sys.platform == "darwin" else peak * 1024
+    return current, max(int(peak), current)
+
+
+def _accelerator_backend(device: torch.device):
+    if device.type in ("cuda", "xpu", "mps"):
+        backend = getattr(torch, device.type, None)
+        if backend is not None and backend.is_available():
+            return backend
+    return None
+
+
+def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
+    """Peak memory for `device` and what the figure means.
+
+    CUDA/XPU: peak tensor memory allocated since the last reset; MPS: memory
+    currently held by the allocator; CPU: peak resident size of the process.
+    """
+    backend = _accelerator_backend(device)
+    if backend is not None:
+        backend.synchronize()
+        if device.type == "mps":
+            return int(torch.mps.driver_allocated_memory()), "MPS memory held"
+        return int(backend.max_memory_allocated()), (
+            f"Max {device.type.upper()} memory allocated"
+        )
+    return process_memory_bytes()[1], "Peak process memory (RSS)"
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued work on CUDA/XPU/MPS (no-op on CPU), before timing."""
+    backend = _accelerator_backend(device)
+    if backend is not None:
+        backend.synchronize()
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a fresh peak-memory measurement on CUDA/XPU (no-op elsewhere)."""
+    backend = _accelerator_backend(device)
+    if backend is not None and hasattr(backend, "reset_peak_memory_stats"):
+        backend.reset_peak_memory_stats()

@@ -251,12 +251,8 @@ def stream_generation(
     `on_token` sees each id before its text; `should_stop` is asked after each
     token. Invalid inputs raise ValueError before anything is generated.
     """
-    from utils.generation import (
-        check_generation_inputs,
-        generate_stats,
-        reset_peak_memory,
-        synchronize,
-    )
+    from utils.device import reset_peak_memory, synchronize
+    from utils.generation import check_generation_inputs, generate_stats
 
     if stats not in (None, "print", "quiet"):
         raise ValueError(f"stats must be None, 'print' or 'quiet', got {stats!r}")
