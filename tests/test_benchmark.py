@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from tiny import tiny_config
 
+from tests.tiny import tiny_config
 from utils import benchmark
+from utils.models import load_book_model
 from utils.standin import standin_state_dict
 
 TINY = tiny_config(vocab_size=500)
@@ -94,9 +96,7 @@ def test_optimized_mode_gives_the_book_models_tokens():
 
     from utils.generation import generate_text_basic_stream_cache
 
-    book, _, _ = benchmark.load_book_model(
-        torch.device("cpu"), torch.float32, cfg=TINY, state_dict=SD
-    )
+    book = load_book_model(SD, "cpu", torch.float32, TINY)
     assert isinstance(book, Qwen3Model)
     opt = benchmark._optimized_model(book)
     w_opt, w_book = (m.trf_blocks[0].att.W_query.weight for m in (opt, book))
@@ -107,15 +107,13 @@ def test_optimized_mode_gives_the_book_models_tokens():
 
 
 def test_int8_reads_fewer_weight_bytes():
-    from utils import fast_decode
+    from utils.fast import FastQwen3, quantize_int8
 
-    book, _, _ = benchmark.load_book_model(
-        torch.device("cpu"), torch.bfloat16, cfg=TINY, state_dict=SD
-    )
-    fast = fast_decode.FastQwen3.from_book_model(book)
+    book = load_book_model(SD, "cpu", torch.bfloat16, TINY)
+    fast = FastQwen3.from_book_model(book)
     bf16 = benchmark.weight_bytes_per_token(fast)
     assert bf16 == _weight_bytes_by_hand() // 2
-    int8 = benchmark.weight_bytes_per_token(fast_decode.quantize_int8(fast))
+    int8 = benchmark.weight_bytes_per_token(quantize_int8(fast))
     # int8 weights plus their scales: a bit over half of bf16
     assert 0.45 * bf16 < int8 < 0.6 * bf16
 
@@ -153,7 +151,7 @@ def test_hf_static_without_transformers_is_skipped_in_one_line(monkeypatch, caps
     rows = tiny_run(["kv_cache", "hf_static"], quiet=False)
     assert [r["mode"] for r in rows] == ["kv_cache"]
     captured = capsys.readouterr()
-    skipped = [line for line in captured.out.splitlines() if "hf_static" in line]
+    skipped = [line for line in captured.err.splitlines() if "hf_static" in line]
     assert skipped == [
         "[benchmark] hf_static: skipped, transformers is not installed "
         "(pip install transformers)"
@@ -261,14 +259,11 @@ def test_memory_is_the_modes_own_and_the_spread_is_reported(rows):
 
 
 def test_shared_weight_bytes_counts_only_tensors_still_in_use():
-    from utils.fast_decode import FastQwen3
-    from utils.quantize import quantize_int8
+    from utils.fast import FastQwen3, quantize_int8
 
     cfg = {**TINY, "dtype": torch.bfloat16}
     sd = {k: v.to(torch.bfloat16) for k, v in SD.items()}
-    book, _, _ = benchmark.load_book_model(
-        torch.device("cpu"), torch.bfloat16, cfg=cfg, state_dict=sd
-    )
+    book = load_book_model(sd, "cpu", torch.bfloat16, cfg)
     fast = FastQwen3.from_book_model(book)
     everything = sum(p.numel() * 2 for p in book.parameters())
     assert benchmark.shared_weight_bytes(fast, book) == everything > 0
@@ -333,7 +328,7 @@ def test_native_modes_run_and_count_in_the_choice():
 def test_native_modes_are_skipped_in_one_line_where_they_cannot_run(capsys):
     rows = tiny_run(["fast_native"])  # float32: the native step needs bf16
     assert rows == []
-    assert "fast_native: skipped, " in capsys.readouterr().out
+    assert "fast_native: skipped, " in capsys.readouterr().err
 
 
 def test_each_mode_is_compared_with_the_read_speed_around_it(monkeypatch):
@@ -344,5 +339,109 @@ def test_each_mode_is_compared_with_the_read_speed_around_it(monkeypatch):
     assert [r["machine_read_gbps"] for r in rows] == [30.0, 40.0]
     assert [r["run_read_gbps"] for r in rows] == [30.0, 30.0]
     assert rows[1]["bandwidth_share"] == pytest.approx(rows[1]["weight_read_gbps"] / 40)
+    # the share compares with the run's best probe, so rows compare with
+    # each other; the probe around the mode is kept beside it
+    assert [r["best_read_gbps"] for r in rows] == [40.0, 40.0]
+    assert rows[0]["bandwidth_share"] == pytest.approx(rows[0]["weight_read_gbps"] / 40)
+    local = rows[0]["weight_read_gbps"] / 30
+    assert rows[0]["bandwidth_share_local"] == pytest.approx(local)
+    table = benchmark.format_table(rows)
+    assert f"{rows[0]['bandwidth_share']:.0%} ({local:.0%})" in table
     assert "20.0" not in benchmark.describe_bandwidth(rows)
     assert "30.0-40.0 GB/s" in benchmark.describe_bandwidth(rows)
+
+
+# ---------------------------------------------------------------------------
+# The command: checks before work, one line per problem, streams, help
+# ---------------------------------------------------------------------------
+
+
+def _no_run(*args, **kwargs):
+    raise AssertionError("the benchmark ran before its arguments were checked")
+
+
+@pytest.mark.parametrize("flag", ["--json", "--csv", "--plot"])
+def test_unwritable_output_path_fails_before_any_mode_runs(
+    flag, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(benchmark, "run_benchmark", _no_run)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for bad, why in (
+        (blocker / "out.json", "is a file, not a folder"),
+        (tmp_path, "is a folder"),
+    ):
+        assert benchmark.main([flag, str(bad)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and why in err[0] and flag in err[0], err
+        assert err[0].startswith("python -m utils.benchmark: error: ")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if not os.access(locked, os.W_OK):  # (root may write anywhere)
+        assert benchmark.main([flag, str(locked / "r.json")]) == 2
+        assert "cannot write into" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["truncated", "pickle"])
+def test_unusable_model_path_is_one_line(damage, tmp_path, capsys):
+    import pickle
+    import zipfile
+
+    path = tmp_path / "qwen3-0.6B-base.pth"
+    if damage == "truncated":
+        torch.save({"w": torch.zeros(1000)}, path)
+        path.write_bytes(path.read_bytes()[:-300])
+    else:  # a zip checkpoint whose pickle calls a function
+        torch.save({"w": torch.zeros(2)}, path)
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+            data = {n: z.read(n) for n in names}
+        pkl = next(n for n in names if n.endswith("data.pkl"))
+        data[pkl] = pickle.dumps(print, protocol=2)
+        with zipfile.ZipFile(path, "w") as z:
+            for n in names:
+                z.writestr(n, data[n])
+    rc = benchmark.main(["--model-path", str(path), "--modes", "kv_cache"])
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if "error" in x]
+    assert rc == 2 and len(lines) == 1, err
+    assert str(path) in lines[0] and "Traceback" not in err
+    assert "\x1b[" not in err and "This file can still be loaded" not in err
+
+
+def test_a_single_repeat_shows_no_spread():
+    rows = tiny_run(["kv_cache"])  # repeats=1
+    assert " ±–" in benchmark.format_table(rows)
+    assert "±0%" not in benchmark.format_table(rows)
+
+
+def test_progress_off_a_terminal_is_one_line_per_phase(capsys):
+    tiny_run(["kv_cache", "kv_cache_compiled"], quiet=False, max_new_tokens=4)
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    phases = [x for x in err.splitlines() if ": warm-up" in x]
+    # each phase: one line when it starts, one when it is done
+    assert len(phases) == 6, phases
+    assert sum("done, 4 tokens in" in x for x in phases) == 3
+
+
+def test_results_on_stdout_progress_and_banner_on_stderr(monkeypatch, capsys):
+    rows = tiny_run(["kv_cache"])
+    rows[0]["standin"] = True
+    monkeypatch.setattr(benchmark, "run_benchmark", lambda **kw: rows)
+    assert benchmark.main(["--modes", "kv_cache"]) == 0
+    out, err = capsys.readouterr()
+    assert "| kv_cache |" in out and "STAND-IN" not in out
+    assert "STAND-IN WEIGHTS" in err and "| kv_cache |" not in err
+
+
+def test_help_explains_every_option_and_the_offline_mode():
+    text = benchmark.build_parser().format_help()
+    for flag in ("--dtype", "--max-new-tokens", "--prompt", "--json", "--csv"):
+        block = text.split(flag, 1)[1].split("\n  -", 1)[0]
+        assert len(block.split()) > 3, (flag, block)  # a help text, not bare
+    assert "(default: 100)" in text and "(default: bfloat16)" in text
+    assert "QWEN3_STANDIN=1" in " ".join(text.split())
+    # every mode name appears whole (the list wraps only between names)
+    for mode in benchmark.ALL_MODES:
+        assert mode in text.replace("\n", " "), mode

@@ -21,8 +21,8 @@ from _view_fixtures import (
 )
 
 from utils import cli
-from utils.fast_decode import FastQwen3
-from utils.fast_decode import generate as fast_generate
+from utils.fast import FastQwen3
+from utils.fast import generate as fast_generate
 from utils.qwen3_tokenizer import TOKENIZER_VOCAB_SIZE
 from utils.streaming import GreedyStreamer, decode_bytes
 
@@ -91,10 +91,11 @@ def test_generate_streams_max_new_tokens(env, reasoning_files, tmp_path_factory)
     ids = [int(x) for x in ids_line.group(1).split()]
     assert len(ids) == n
     tok = load_tokenizer(reasoning_files[0])
-    streamed = proc.stdout.split("\n\nTime:")[0]
-    assert streamed == decode_bytes(tok, ids)  # whole text, no U+FFFD
-    assert re.search(r"^\d+ tokens/sec$", proc.stdout, re.M)
-    assert re.search(r"^Peak process memory \(RSS\): [\d.]+ GB$", proc.stdout, re.M)
+    # stdout: the answer, a newline, the ids; the statistics go to stderr
+    assert proc.stdout == decode_bytes(tok, ids) + f"\n{ids_line.group(0)}\n"
+    assert re.search(r"^\d+(\.\d)? tokens/sec$", proc.stderr, re.M)
+    assert re.search(r"^Time: [\d.]+ sec$", proc.stderr, re.M)
+    assert re.search(r"^Peak process memory \(RSS\): [\d.]+ GB$", proc.stderr, re.M)
 
 
 def test_chat_two_turns_memory_history_clear(env, reasoning_files, tmp_path_factory):
@@ -286,11 +287,15 @@ def test_generate_in_process_matches_generator(tiny_cli, capsys):
             GreedyStreamer(model).stream(torch.tensor([prompt_ids]), 7, None)
         )
         assert ids == expected[: len(ids)] and len(ids) == 7
-        assert out.startswith(decode_bytes(tok, ids) + "\n\nTime:")
+        assert (
+            out
+            == decode_bytes(tok, ids) + "\nToken ids: " + " ".join(map(str, ids)) + "\n"
+        )
+        assert "\nTime: " in err and " tokens/sec\n" in err
 
 
 def test_int8_flag_quantizes_the_fast_path_only(tiny_cli, capsys):
-    from utils.quantize import Int8Linear, quantize_int8
+    from utils.fast import Int8Linear, quantize_int8
 
     tok, model, _ = tiny_cli
     args = ["--prompt", PROMPT, "--max-new-tokens", "7", "--print-ids"]
@@ -436,7 +441,7 @@ def test_generate_shows_unknown_ids_and_carries_on(tiny, monkeypatch, capsys):
     assert rc == 0, err
     ids = [int(x) for x in out.rsplit("Token ids: ", 1)[1].split()]
     assert len(ids) == 5 and all(i >= TOKENIZER_VOCAB_SIZE for i in ids)
-    assert out.startswith("".join(f"<unk:{i}>" for i in ids) + "\n\nTime:")
+    assert out.startswith("".join(f"<unk:{i}>" for i in ids) + "\nToken ids:")
 
 
 def test_chat_shows_unknown_ids_and_keeps_the_session(tiny, monkeypatch, capsys):
@@ -555,3 +560,114 @@ def test_download_error_in_a_real_process_lists_the_sources(env, tmp_path):
     assert message.startswith(f"could not get the base model files into {out_dir}")
     assert f"{hub}/" in message and f"{mirror}/" in message  # both sources
     assert len(message.splitlines()) > 3
+
+
+# --------------------------------------------------------------------------
+# Streams a shell can use; memory checked before the work
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_answer_redirected_to_a_file_holds_only_the_answer(
+    env, reasoning_files, tmp_path, tmp_path_factory
+):
+    answer = tmp_path / "answer.txt"
+    folder = str(standin_root(tmp_path_factory))
+    args = ["generate", "--prompt", PROMPT, "--reasoning", "--max-new-tokens", "4",
+            "--device", "cpu", "--out-dir", folder]  # fmt: skip
+    with answer.open("w") as out:
+        proc = subprocess.run(
+            [sys.executable, "-m", "utils.cli", *args],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=600,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+    assert proc.returncode == 0, proc.stderr
+    text = answer.read_text()
+    for noise in ("Time:", "tokens/sec", "Peak process memory", "STAND-IN", "Loading"):
+        assert noise not in text, noise
+        assert noise in proc.stderr, noise
+    assert text.endswith("\n") and text.strip()
+
+
+def test_slow_runs_print_a_decimal_not_zero():
+    from utils.generation import stats_lines
+
+    stats = {"time_s": 8.0, "tokens_per_sec": 0.25, "peak_mem_bytes": 2**30,
+             "memory_kind": "Peak process memory (RSS)"}  # fmt: skip
+    assert stats_lines(stats)[1] == "0.2 tokens/sec"
+    assert stats_lines({**stats, "tokens_per_sec": 6.8})[1] == "6 tokens/sec"
+
+
+def test_prompt_too_long_for_memory_is_refused_before_any_work(
+    tiny_cli, monkeypatch, capsys
+):
+    from utils import models
+
+    tok, model, _ = tiny_cli
+    monkeypatch.setattr(models, "free_memory_bytes", lambda device: 10_000_000)
+    monkeypatch.setattr(
+        GreedyStreamer, "stream", lambda *a, **k: pytest.fail("generation ran")
+    )
+    rc = cli.generate_main(["--prompt", "word " * 600, "--max-new-tokens", "3"])
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if "error" in x]
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err
+    assert "GB for the attention scores" in lines[0]
+    most = int(lines[0].split("at most about ")[1].split()[0].replace(",", ""))
+    cfg = model.cfg
+    assert models.prefill_attention_bytes(cfg, most) <= 0.8 * 10_000_000
+    assert models.prefill_attention_bytes(cfg, most + 2) > 0.8 * 10_000_000
+
+
+def test_chat_context_too_long_for_memory_keeps_the_session(tiny, monkeypatch):
+    from utils import models
+
+    tok, model, _ = tiny
+    session = cli.ChatSession(tok, GreedyStreamer(model), torch.device("cpu"), 256, 4)
+    session.reply("Hi", lambda s: None)
+    before = list(session.messages)
+    monkeypatch.setattr(models, "free_memory_bytes", lambda device: 1000)
+    with pytest.raises(cli.UsageError, match="/clear a long conversation"):
+        session.reply("And?", lambda s: None)
+    assert session.messages == before
+
+
+def test_prefill_estimate_bounds_the_attention_the_model_allocates():
+    """The estimate is at least the largest tensor the book's attention
+    makes for a prompt (measured with the profiler on the tiny model)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from utils import models
+
+    model = tiny_model()
+    ids = torch.randint(0, 1000, (1, 200))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with torch.inference_mode():
+            model(ids)
+    largest = max(e.cpu_memory_usage for e in prof.key_averages())
+    scores = model.cfg["n_heads"] * 200 * 200 * 4  # float32
+    assert largest >= scores  # the profiler sees the score matrix
+    assert models.prefill_attention_bytes(model.cfg, 200) >= 3 * scores
+
+
+@pytest.mark.slow
+def test_int8_fast_path_peaks_below_the_bf16_one(env, tmp_path_factory):
+    files = standin_files(tmp_path_factory, "base", tokenizer_only=False)
+    peaks = {}
+    for flags in (["--fast"], ["--fast", "--int8"]):
+        proc = run_cli(
+            ["generate", "--prompt", "hi", "--max-new-tokens", "2", "--device",
+             "cpu", "--out-dir", str(standin_root(tmp_path_factory)), *flags],
+            env,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        got = re.search(
+            r"^Peak process memory \(RSS\): ([\d.]+) GB$", proc.stderr, re.M
+        )
+        peaks[" ".join(flags)] = float(got.group(1))
+    assert files[1] is not None
+    assert peaks["--fast --int8"] < peaks["--fast"], peaks

@@ -9,8 +9,8 @@ import pytest
 import torch
 from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model
 from safetensors import safe_open
-from tiny import tiny_config
 
+from tests.tiny import tiny_config
 from utils import hf_interop
 from utils.generation import generate_text_basic_stream_cache
 from utils.hf_interop import (
@@ -514,7 +514,7 @@ def test_import_replaces_standins_and_refuses_wrong_folders(
     with pytest.raises(ValueError, match="not Qwen3-0.6B.*emb_dim"):
         hf_interop.import_qwen3(src, "reasoning", out)  # the tiny model
     assert hf_interop.main(["import-qwen3", str(src), "--kind", "reasoning",
-                            "--out-dir", str(out)]) == 1  # fmt: skip
+                            "--out-dir", str(out)]) == 2  # fmt: skip
     assert "not Qwen3-0.6B" in capsys.readouterr().err
 
     (src / "config.json").write_text(
@@ -553,3 +553,57 @@ def test_import_that_fails_midway_leaves_the_old_files(tmp_path, monkeypatch):
         hf_interop.import_qwen3(tmp_path / "src2", "base", out, require_06b=False)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert all(is_verified(p) for p in files)
+
+
+def _import_fails_with_one_line(capsys, src, out, fragment):
+    before = sorted(out.parent.iterdir())
+    capsys.readouterr()  # what writing the folder printed
+    rc = hf_interop.main(["import-qwen3", str(src), "--kind", "base",
+                          "--out-dir", str(out)])  # fmt: skip
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("python -m utils.hf_interop: error: ")
+    assert fragment in lines[0], lines[0]
+    assert sorted(out.parent.iterdir()) == before  # nothing written
+
+
+@pytest.mark.parametrize("cut", [8, 100, -200])
+def test_import_of_a_truncated_safetensors_is_one_line(tmp_path, capsys, cut):
+    src = official_folder(tmp_path / "src")
+    weights = src / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:cut])
+    out = tmp_path / "dest" / "qwen3"
+    out.parent.mkdir()
+    _import_fails_with_one_line(capsys, src, out, str(weights))
+
+
+def test_import_with_a_config_that_is_not_an_object_is_one_line(tmp_path, capsys):
+    src = official_folder(tmp_path / "src")
+    (src / "config.json").write_text("[1, 2, 3]")
+    out = tmp_path / "dest" / "qwen3"
+    out.parent.mkdir()
+    _import_fails_with_one_line(capsys, src, out, "config.json holds a JSON list")
+
+
+def test_import_into_a_file_says_it_is_a_file(tmp_path, capsys):
+    src = official_folder(tmp_path / "src")
+    target = tmp_path / "dest" / "qwen3"
+    target.parent.mkdir()
+    target.write_text("not a folder")
+    _import_fails_with_one_line(capsys, src, target, "is a file, not a folder")
+    assert target.read_text() == "not a folder"
+
+
+def test_import_tying_problem_is_said_in_command_terms(tmp_path, capsys):
+    """A config saying "untied" beside weights without an lm_head: the hint
+    names what to do with the folder, not a Python argument."""
+    src = official_folder(tmp_path / "src")
+    config = json.loads((src / "config.json").read_text())
+    config["tie_word_embeddings"] = False
+    (src / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "dest" / "qwen3"
+    out.parent.mkdir()
+    _import_fails_with_one_line(capsys, src, out, "download it again")
+    assert "tie_word_embeddings=True" not in capsys.readouterr().err

@@ -5,59 +5,27 @@ Run `uv run python -m utils.benchmark --help`, or from a notebook:
     rows = run_benchmark(modes=["kv_cache", "fast_compiled"], max_new_tokens=50)
     print(format_table(rows))
 
-Modes (all greedy, same prompt, same number of new tokens, EOS ignored):
+The modes (all greedy, same prompt, same number of new tokens, EOS ignored)
+are the entries of `MODES`: the book's four (`regular`, `regular_compiled`,
+`kv_cache`, `kv_cache_compiled`, compiled the book's way through
+`utils.compile.book_compile`), the book package's `qwen3_optimized`, the fast
+path of `utils.fast` (eager, compiled, block-compiled, int8, native) and
+Hugging Face `transformers` with a static cache. On a CPU the uncached book
+modes run only when asked for (minutes at 100 tokens).
 
-* `regular`, `regular_compiled`, `kv_cache`, `kv_cache_compiled`: the book's
-  model and generators (`generate_text_basic_stream[_cache]`), eager or
-  compiled the way the book does it (`utils.compile.book_compile`: the
-  book's dynamo setting, then `torch.compile`), as in Chapter 2;
-* `optimized`, `optimized_compiled`: the book package's own faster variant,
-  `reasoning_from_scratch.qwen3_optimized` (preallocated KV cache, SDPA),
-  driven by the same loop as its `generate_text_basic_cache` and compiled
-  the way its `load_model_and_tokenizer(use_compile=True)` does;
-* `fast`, `fast_compiled`: `utils.fast_decode` (static KV cache, only the
-  decode step compiled) on the same weights;
-* `fast_block_compiled`: `fast` with only the transformer block compiled,
-  once, and reused by all 28 layers (`compile_decode(scope="block")`): a
-  fraction of `fast_compiled`'s compile time, a little slower per token;
-* `fast_int8`: `fast_compiled` with weight-only int8 linear layers
-  (approximate; CPU);
-* `hf_static`: Hugging Face `Qwen3ForCausalLM.generate` with a static cache
-  (skipped with one line when `transformers` is not installed).
-
-On a CPU the default set leaves out `regular` and `regular_compiled` (each
-takes many minutes at 100 tokens); ask for them with `--modes all` or by name.
-
-Each mode runs once as warm-up, then `repeats` timed runs whose medians are
-reported. Decode speed counts the tokens after the first one over the time
-after the first one, so it does not mix in the prompt (that is `ttft_s`,
-time to first token). Per row the benchmark also reports:
-
-* `warmup_s` (cold): the first run, compiling included, with an empty
-  compile cache (a fresh temporary inductor cache folder for each mode);
-* `warmup_cached_s` (compiled modes): the first run again after
-  `torch._dynamo.reset()` and clearing inductor's in-memory caches, so
-  dynamo traces again and inductor loads its kernels from the on-disk
-  cache the cold run wrote: what a second process or a second notebook run
-  pays. (Measured in the same process to keep the run short; a new process
-  would add only its imports, which come before any compiling.)
-* `to_last_token_cold_s` / `to_last_token_cached_s`: from starting to build
-  the mode (model conversion, quantization) to its last new token of the
-  first run, warm-up included: what a reader waits for the whole answer;
-* `weight_bytes_per_token`, `weight_read_gbps`: bytes of weights one decode
-  step reads (every weight once; of an embedding table only one row, unless
-  it doubles as the output layer), times decode tokens/sec;
-* `machine_read_gbps`, `bandwidth_share`: the machine's memory read speed
-  around this mode (best of several `torch.sum` over a ~1 GiB buffer, probed
-  just before and just after the mode; the larger counts), and the share of
-  it the mode's weight reads reach. Probing next to each mode keeps the
-  share honest on a shared machine whose speed drifts during a run;
-  `run_read_gbps` is the first probe of the run.
+Each mode runs once as warm-up (compiled modes into an empty compile cache,
+then once more from that cache), then `repeats` timed runs whose medians are
+reported. Decode speed counts the tokens after the first over the time after
+the first, so the prompt is not mixed in (that is the time to first token).
+Next to each mode the machine's memory read speed is probed (`torch.sum` over
+~1 GiB, just before and after), so the GB/s a mode's weight reads reach can be
+compared with what the memory gives: against the best probe of the run (the
+column to compare across rows) and against the probe around the mode. The
+row fields are listed in `ROW_FIELDS`; the README explains them.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
 import gc
@@ -68,35 +36,64 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from utils.device import synchronize
+from utils.errors import CommandParser, UsageError, run_command
 from utils.fileio import atomic_write_text
 
-ALL_MODES = (
-    "regular",
-    "regular_compiled",
-    "kv_cache",
-    "kv_cache_compiled",
-    "optimized",
-    "optimized_compiled",
-    "fast",
-    "fast_compiled",
-    "fast_block_compiled",
-    "fast_int8",
-    "fast_native",
-    "fast_native_int8",
-    "hf_static",
-)
+
+@dataclass(frozen=True)
+class Mode:
+    """One row of the benchmark: how its model is built and run."""
+
+    name: str
+    note: str
+    family: str  # "book", "optimized", "fast" or "hf"
+    compiled: bool = False
+    cache: bool = True  # the book's modes: with its KVCache
+    scope: str = "step"  # fast_*: what compile_decode compiles
+    int8: bool = False
+    native: bool = False
+    cpu_only: bool = False  # its kernels exist on CPUs only
+    slow_on_cpu: bool = False  # minutes at 100 tokens: run only when asked
+
+
+MODES = (
+    Mode("regular", "book, no cache", "book", cache=False, slow_on_cpu=True),
+    Mode("regular_compiled", "book, no cache, torch.compile", "book",
+         compiled=True, cache=False, slow_on_cpu=True),
+    Mode("kv_cache", "book KVCache", "book"),
+    Mode("kv_cache_compiled", "book KVCache, torch.compile", "book",
+         compiled=True),
+    Mode("optimized", "book package's qwen3_optimized", "optimized"),
+    Mode("optimized_compiled", "book package's qwen3_optimized, torch.compile",
+         "optimized", compiled=True),
+    Mode("fast", "static cache, eager", "fast"),
+    Mode("fast_compiled", "static cache, compiled decode step", "fast",
+         compiled=True),
+    Mode("fast_block_compiled", "static cache, one compiled block for all layers",
+         "fast", compiled=True, scope="block"),
+    Mode("fast_int8", "static cache, int8 weights, compiled (approximate)",
+         "fast", compiled=True, int8=True, cpu_only=True),
+    Mode("fast_native", "static cache, whole step in one C call (CPU)", "fast",
+         native=True, cpu_only=True),
+    Mode("fast_native_int8", "one C call per step, int8 weights (approximate)",
+         "fast", int8=True, native=True, cpu_only=True),
+    Mode("hf_static", "transformers generate, static cache", "hf"),
+)  # fmt: skip
+MODE_BY_NAME = {m.name: m for m in MODES}
+ALL_MODES = tuple(MODE_BY_NAME)
+MODE_NOTES = {m.name: m.note for m in MODES}
 BASELINE_MODE = "kv_cache"
-# Without a cache every step reprocesses the whole sequence: many minutes for
-# 100 tokens on a CPU, so these run there only when asked for
-SLOW_ON_CPU = ("regular", "regular_compiled")
-CPU_ONLY = ("fast_int8", "fast_native", "fast_native_int8")
-INT8_MODES = ("fast_int8", "fast_native_int8")
+SLOW_ON_CPU = tuple(m.name for m in MODES if m.slow_on_cpu)
+CPU_ONLY = tuple(m.name for m in MODES if m.cpu_only)
+INT8_MODES = tuple(m.name for m in MODES if m.int8)
+BF16_FAST_MODES = tuple(m.name for m in MODES if m.family == "fast" and not m.int8)
 DEFAULT_PROMPT = "Explain large language models in a single sentence."
 DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -120,8 +117,10 @@ ROW_FIELDS = (
     "weight_bytes_per_token",
     "weight_read_gbps",
     "machine_read_gbps",
+    "best_read_gbps",
     "run_read_gbps",
     "bandwidth_share",
+    "bandwidth_share_local",
     "peak_mem_bytes",
     "process_peak_mem_bytes",
     "shared_weight_bytes",
@@ -131,29 +130,19 @@ ROW_FIELDS = (
     "compiled",
     "note",
 )
-MODE_NOTES = {
-    "regular": "book, no cache",
-    "regular_compiled": "book, no cache, torch.compile",
-    "kv_cache": "book KVCache",
-    "kv_cache_compiled": "book KVCache, torch.compile",
-    "optimized": "book package's qwen3_optimized",
-    "optimized_compiled": "book package's qwen3_optimized, torch.compile",
-    "fast": "static cache, eager",
-    "fast_compiled": "static cache, compiled decode step",
-    "fast_block_compiled": "static cache, one compiled block for all layers",
-    "fast_int8": "static cache, int8 weights, compiled (approximate)",
-    "fast_native": "static cache, whole step in one C call (CPU)",
-    "fast_native_int8": "one C call per step, int8 weights (approximate)",
-    "hf_static": "transformers generate, static cache",
-}
 
 
 def default_modes(device: torch.device) -> list[str]:
     """The modes run when none are named: int8 and native only on CPU, where
     their kernels exist; the uncached book modes everywhere but on a CPU."""
     if device.type == "cpu":
-        return [m for m in ALL_MODES if m not in SLOW_ON_CPU]
-    return [m for m in ALL_MODES if m not in CPU_ONLY]
+        return [m.name for m in MODES if not m.slow_on_cpu]
+    return [m.name for m in MODES if not m.cpu_only]
+
+
+def _log(text: str) -> None:
+    """Progress and notes: stderr, so stdout holds only the results."""
+    print(text, file=sys.stderr, flush=True)
 
 
 class ModeSkipped(Exception):
@@ -249,6 +238,34 @@ def _storages(m: torch.nn.Module) -> dict[int, int]:
 # ---------------------------------------------------------------------------
 
 
+class _Progress:
+    """Counts tokens for one phase of a mode: a tqdm bar on a terminal; when
+    stderr goes to a file or a pipe, one line at the start and one at the
+    end (with the time) instead of hundreds of bar updates."""
+
+    def __init__(self, desc: str, total: int | None) -> None:
+        self.desc, self.count, self.start = desc, 0, time.perf_counter()
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit="tok", leave=False)
+        else:
+            _log(f"{desc} ...")
+
+    def update(self) -> None:
+        self.count += 1
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        else:
+            took = time.perf_counter() - self.start
+            _log(f"{self.desc}: done, {self.count} tokens in {took:.1f} s")
+
+
 def _time_stream(
     stream: Callable[[], Iterable[Any]],
     device: torch.device,
@@ -256,12 +273,8 @@ def _time_stream(
     total: int | None = None,
 ) -> dict[str, float]:
     """Time one generation: time to first token, total, number of tokens.
-    With `progress`, a tqdm bar with that description counts the tokens."""
-    bar = None
-    if progress is not None:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total, desc=progress, unit="tok", leave=False)
+    With `progress`, the tokens are counted on stderr under that name."""
+    bar = None if progress is None else _Progress(progress, total)
     synchronize(device)
     start = time.perf_counter()
     first = None
@@ -274,7 +287,7 @@ def _time_stream(
                 first = time.perf_counter()
             n += 1
             if bar is not None:
-                bar.update(1)
+                bar.update()
         synchronize(device)
     finally:
         if bar is not None:
@@ -498,55 +511,34 @@ def measure_read_bandwidth(
 # ---------------------------------------------------------------------------
 
 
-def load_book_model(
-    device: torch.device,
-    dtype: torch.dtype,
-    model_path: str | os.PathLike | None = None,
-    out_dir: str | os.PathLike = "qwen3",
-    cfg: Mapping[str, Any] | None = None,
-    state_dict: Mapping[str, torch.Tensor] | None = None,
-) -> tuple[torch.nn.Module, Path | None, bool]:
-    """The book's Qwen3Model in `dtype` on `device`, plus the tokenizer path
-    (None when a state dict was given) and whether stand-ins are in use."""
-    from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model
-
+def _weights(
+    model_path: str | os.PathLike | None, out_dir: str | os.PathLike
+) -> tuple[Mapping[str, torch.Tensor], Path | None, bool]:
+    """(state dict, tokenizer path or None, stand-in?) from `model_path` or
+    the download (stand-ins offline). Raises ValueError with one line for a
+    missing or unusable file."""
     from utils.download import download_qwen3_small, local_files
+    from utils.models import CheckpointError, read_checkpoint
 
-    tokenizer_path = None
-    standin = False
-    if state_dict is None:
+    with contextlib.redirect_stdout(sys.stderr):  # banners are not results
         if model_path is None:
             files = download_qwen3_small("base", out_dir=out_dir)
-            model_path, tokenizer_path = files.model, files.tokenizer
-            standin = files.standin
+            model_path, tokenizer, standin = files.model, files.tokenizer, files.standin
         else:
             guess = Path(model_path).with_name("tokenizer-base.json")
             try:
-                model_path, tokenizer_path, standin = local_files(
+                model_path, tokenizer, standin = local_files(
                     model_path, guess if guess.is_file() else None
                 )
             except FileNotFoundError:
-                raise FileNotFoundError(
+                raise ValueError(
                     f"--model-path {model_path} does not exist; pass the book's "
-                    f"qwen3-0.6B-*.pth file or leave it out to download."
+                    "qwen3-0.6B-*.pth file or leave it out to download."
                 ) from None
-        state_dict = torch.load(model_path, map_location="cpu", weights_only=True)
-    cfg = {**(cfg or QWEN_CONFIG_06_B), "dtype": dtype}
-    with torch.device("meta"):
-        model = Qwen3Model(cfg)
-    sd = {k: v.to(device=device, dtype=dtype) for k, v in state_dict.items()}
-    if "out_head.weight" not in sd:
-        sd["out_head.weight"] = sd["tok_emb.weight"]
-    model.load_state_dict(sd, assign=True)
-    # Non-persistent RoPE buffers were created on the meta device: rebuild
-    from reasoning_from_scratch.qwen3 import compute_rope_params
-
-    head_dim = cfg["head_dim"] or cfg["emb_dim"] // cfg["n_heads"]
-    cos, sin = compute_rope_params(
-        head_dim, theta_base=cfg["rope_base"], context_length=cfg["context_length"]
-    )
-    model.cos, model.sin = cos.to(device), sin.to(device)
-    return model.eval(), tokenizer_path, standin
+    try:
+        return read_checkpoint(model_path), tokenizer, standin
+    except CheckpointError as exc:
+        raise ValueError(f"cannot use --model-path: {exc}") from None
 
 
 def prompt_token_ids(
@@ -564,56 +556,87 @@ def prompt_token_ids(
     return torch.tensor(tok.encode(prompt), device=device).unsqueeze(0)
 
 
-def _prepare(mode, book, token_ids, n):
-    """(stream factory, timing function, whether compiled, model that runs)."""
-    from utils import fast_decode
+@dataclass
+class _Prepared:
+    """A mode ready to run: a stream factory, its timer and the model."""
+
+    stream: Callable[[], Iterable[Any]]
+    model: torch.nn.Module
+    timer: Callable[..., dict[str, float]] = _time_stream
+
+
+def _prepare_book(mode: Mode, book, token_ids, n) -> _Prepared:
     from utils.compile import book_compile
     from utils.generation import (
         generate_text_basic_stream,
         generate_text_basic_stream_cache,
     )
 
-    compiled = mode.endswith("_compiled") or mode == "fast_int8"
-    if mode in ("regular", "regular_compiled", "kv_cache", "kv_cache_compiled"):
-        model = book_compile(book) if compiled else book
-        gen = generate_text_basic_stream_cache
-        if mode.startswith("regular"):
-            gen = generate_text_basic_stream
-        return _book_stream(model, gen, token_ids, n), _time_stream, compiled, book
-    if mode in ("optimized", "optimized_compiled"):
-        opt = _optimized_model(book)
-        model = book_compile(opt) if compiled else opt
-        return _optimized_stream(model, token_ids, n), _time_stream, compiled, opt
-    if mode.startswith("fast"):
-        fast = fast_decode.FastQwen3.from_book_model(book)
-        if mode in INT8_MODES:
-            fast = fast_decode.quantize_int8(fast)
-        if compiled:
-            fast.compile_decode(scope="block" if "block" in mode else "step")
-        if mode.startswith("fast_native"):
-            from utils.native_step import unsupported_reason
+    model = book_compile(book) if mode.compiled else book
+    gen = generate_text_basic_stream_cache if mode.cache else generate_text_basic_stream
+    return _Prepared(_book_stream(model, gen, token_ids, n), book)
 
-            reason = unsupported_reason(fast)
-            if reason is not None:
-                raise ModeSkipped(reason)
-            fast.use_native_step()
-        stream = lambda: fast_decode.generate(fast, token_ids, n)  # noqa: E731
-        return stream, _time_stream, compiled, fast
-    if mode == "hf_static":
-        stream, hf = _hf_static_runner(book, token_ids, n)
-        return stream, _hf_time_stream, False, hf
-    raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(ALL_MODES)}")
+
+def _prepare_optimized(mode: Mode, book, token_ids, n) -> _Prepared:
+    from utils.compile import book_compile
+
+    opt = _optimized_model(book)
+    model = book_compile(opt) if mode.compiled else opt
+    return _Prepared(_optimized_stream(model, token_ids, n), opt)
+
+
+def _prepare_fast(mode: Mode, book, token_ids, n) -> _Prepared:
+    from utils.fast import FastQwen3, generate, quantize_int8
+
+    fast = FastQwen3.from_book_model(book)
+    if mode.int8:
+        fast = quantize_int8(fast)
+    if mode.compiled:
+        fast.compile_decode(scope=mode.scope)
+    if mode.native:
+        reason = fast.native_unsupported_reason()
+        if reason is not None:
+            raise ModeSkipped(reason)
+        fast.use_native_step()
+    return _Prepared(lambda: generate(fast, token_ids, n), fast)
+
+
+def _prepare_hf(mode: Mode, book, token_ids, n) -> _Prepared:
+    stream, hf = _hf_static_runner(book, token_ids, n)
+    return _Prepared(stream, hf, _hf_time_stream)
+
+
+_PREPARE = {
+    "book": _prepare_book,
+    "optimized": _prepare_optimized,
+    "fast": _prepare_fast,
+    "hf": _prepare_hf,
+}
 
 
 def _check_modes(modes: Sequence[str]) -> list[str]:
     modes = list(ALL_MODES) if list(modes) == ["all"] else list(modes)
-    bad = [m for m in modes if m not in ALL_MODES]
+    bad = [m for m in modes if m not in MODE_BY_NAME]
     if bad or not modes:
         raise ValueError(
             f"unknown mode(s) {', '.join(bad) or '(none given)'}; "
             f"choose from {', '.join(ALL_MODES)} (or all)"
         )
     return list(dict.fromkeys(modes))
+
+
+def _check_arguments(dtype, max_new_tokens, repeats) -> torch.dtype:
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        dtype = DTYPES[dtype]
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise ValueError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
+    if max_new_tokens < 2:
+        raise ValueError("max_new_tokens must be >= 2 to measure a decode rate")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    return dtype
 
 
 def run_benchmark(
@@ -640,121 +663,161 @@ def run_benchmark(
     or `cfg` + `state_dict` (tests); `token_ids` overrides the prompt.
     `cold_compile=False` keeps your usual compile cache (warm-ups may be
     shorter); `bandwidth_bytes` is the buffer size for the read-speed probe.
+    Progress goes to stderr (nothing with `quiet`).
     """
     from utils.device import resolve_device
+    from utils.models import load_book_model
 
     dev = resolve_device(device) if isinstance(device, str) else torch.device(device)
-    if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        dtype = DTYPES[dtype]
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-        raise ValueError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
-    if max_new_tokens < 2:
-        raise ValueError("max_new_tokens must be >= 2 to measure a decode rate")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
-    if modes is None:
-        modes = default_modes(dev)
-        left_out = [m for m in SLOW_ON_CPU if m not in modes]
-        if left_out and not quiet:
-            print(
-                f"[benchmark] not running {', '.join(left_out)} on {dev.type}: "
-                "each takes many minutes at 100 tokens (ask with --modes all)",
-                flush=True,
-            )
-    modes = _check_modes(modes)
-
-    book, tokenizer_path, standin = load_book_model(
-        dev, dtype, model_path, out_dir, cfg, state_dict
-    )
+    dtype = _check_arguments(dtype, max_new_tokens, repeats)
+    modes = _check_modes(_modes_for(dev, modes, quiet))
+    tokenizer_path, standin = None, False
+    if state_dict is None:
+        state_dict, tokenizer_path, standin = _weights(model_path, out_dir)
+    book = load_book_model(state_dict, dev, dtype, cfg)
     if token_ids is None:
-        if tokenizer_path is None:  # small: fetch it (or its stand-in)
-            from utils.download import download_qwen3_small
-
-            tokenizer_path = download_qwen3_small(
-                "base", tokenizer_only=True, out_dir=out_dir
-            ).tokenizer
-        token_ids = prompt_token_ids(tokenizer_path, prompt, dev)
-    token_ids = token_ids.to(dev)
-
-    machine_bps = measure_read_bandwidth(dev, bandwidth_bytes)
-    if not quiet:
-        print(
-            f"[benchmark] memory read speed ({dev.type}, torch.sum over "
-            f"{bandwidth_bytes / 1024**3:.2f} GiB): {machine_bps / 1e9:.1f} GB/s",
-            flush=True,
+        token_ids = prompt_token_ids(
+            tokenizer_path or _tokenizer_file(out_dir), prompt, dev
         )
-    rows = []
-    before_bps = machine_bps
-    for mode in modes:
-        # each mode compiles into its own empty cache folder (cold_compile)
-        with _fresh_compile_cache(cold_compile):
-            row = _run_mode(mode, book, token_ids, max_new_tokens, repeats, dev, quiet)
-        if row is None:
-            continue
-        after_bps = measure_read_bandwidth(dev, bandwidth_bytes)
-        row["run_read_gbps"] = machine_bps / 1e9
-        row["machine_read_gbps"] = max(before_bps, after_bps) / 1e9
-        before_bps = after_bps
-        row["bandwidth_share"] = row["weight_read_gbps"] / row["machine_read_gbps"]
-        rows.append(row)
-        if not quiet:
-            print(
-                f"[benchmark] {mode}: {row['tokens_per_sec']:.2f} tok/s "
-                f"({row['bandwidth_share']:.0%} of the read speed), "
-                f"warm-up {row['warmup_s']:.1f} s",
-                flush=True,
-            )
-    _add_ratios(rows)
+    run = _Run(book, token_ids.to(dev), max_new_tokens, repeats, dev, quiet)
+    rows = run.all(modes, cold_compile, bandwidth_bytes)
     for row in rows:
         row["standin"] = standin
         row["dtype"] = str(dtype).removeprefix("torch.")
     return rows
 
 
-def _run_mode(mode, book, token_ids, n, repeats, dev, quiet):
-    """One row for `mode`, or None (after one printed line) if it is skipped."""
-    compiling = mode.endswith("_compiled") or mode == "fast_int8"
-    if compiling:
-        _forget_compiled_code()  # every compiled mode starts from scratch
+def _modes_for(dev: torch.device, modes: Sequence[str] | None, quiet: bool):
+    if modes is not None:
+        return modes
+    left_out = [m for m in SLOW_ON_CPU if m not in default_modes(dev)]
+    if left_out and not quiet:
+        _log(
+            f"[benchmark] not running {', '.join(left_out)} on {dev.type}: "
+            "each takes many minutes at 100 tokens (ask with --modes all)"
+        )
+    return default_modes(dev)
 
-    def progress(what: str) -> str | None:
-        return None if quiet else f"[benchmark] {mode}: {what}"
 
-    with _PeakMemory(dev) as mem:
-        t0 = time.perf_counter()
-        try:
-            stream, timer, compiled, model = _prepare(mode, book, token_ids, n)
-        except ModeSkipped as exc:
-            print(f"[benchmark] {mode}: skipped, {exc}", flush=True)
-            return None
-        prepare_s = time.perf_counter() - t0
-        what = "warm-up, compiling (minutes on a CPU)" if compiled else "warm-up"
-        kwargs = {"progress": progress(what), "total": n}
-        if timer is not _time_stream:
-            kwargs = {}
-        warm = timer(stream, dev, **kwargs)
-        cached = None
-        if compiled:
+def _tokenizer_file(out_dir: str | os.PathLike) -> Path:
+    """The base tokenizer (or its stand-in): small, fetched if missing."""
+    from utils.download import download_qwen3_small
+
+    with contextlib.redirect_stdout(sys.stderr):
+        return download_qwen3_small(
+            "base", tokenizer_only=True, out_dir=out_dir
+        ).tokenizer
+
+
+@dataclass
+class _Run:
+    """One benchmark run: the loaded model, the prompt and the settings
+    every mode shares; `all` times the modes one after another."""
+
+    book: torch.nn.Module
+    token_ids: torch.Tensor
+    n: int
+    repeats: int
+    dev: torch.device
+    quiet: bool
+
+    def all(
+        self, modes: list[str], cold_compile: bool, probe_bytes: int
+    ) -> list[dict[str, Any]]:
+        first = before = measure_read_bandwidth(self.dev, probe_bytes)
+        self.log(
+            f"[benchmark] memory read speed ({self.dev.type}, torch.sum over "
+            f"{probe_bytes / 1024**3:.2f} GiB): {first / 1e9:.1f} GB/s"
+        )
+        rows = []
+        for name in modes:
+            # each mode compiles into its own empty cache folder (cold_compile)
+            with _fresh_compile_cache(cold_compile):
+                row = self.mode(MODE_BY_NAME[name])
+            if row is None:
+                continue
+            after = measure_read_bandwidth(self.dev, probe_bytes)
+            row["run_read_gbps"] = first / 1e9
+            row["machine_read_gbps"] = max(before, after) / 1e9
+            before = after
+            rows.append(row)
+            self.log(
+                f"[benchmark] {name}: {row['tokens_per_sec']:.2f} tok/s, "
+                f"weights read at {row['weight_read_gbps']:.1f} GB/s (read "
+                f"speed around it {row['machine_read_gbps']:.1f} GB/s), "
+                f"warm-up {row['warmup_s']:.1f} s"
+            )
+        _add_shares(rows)
+        _add_ratios(rows)
+        return rows
+
+    def log(self, text: str) -> None:
+        if not self.quiet:
+            _log(text)
+
+    def progress(self, mode: Mode, what: str) -> str | None:
+        return None if self.quiet else f"[benchmark] {mode.name}: {what}"
+
+    def mode(self, mode: Mode) -> dict[str, Any] | None:
+        """One row for `mode`, or None (after one line) if it is skipped."""
+        if mode.compiled:
+            _forget_compiled_code()  # every compiled mode starts from scratch
+        with _PeakMemory(self.dev) as mem:
+            t0 = time.perf_counter()
+            try:
+                prep = _PREPARE[mode.family](mode, self.book, self.token_ids, self.n)
+            except ModeSkipped as exc:
+                _log(f"[benchmark] {mode.name}: skipped, {exc}")
+                return None
+            prepare_s = time.perf_counter() - t0
+            warm, cached, runs = self.timed(mode, prep)
+        row = _summarise(
+            mode.name, runs, warm["total_s"], mem, self.dev, self.token_ids
+        )
+        row["compiled"] = mode.compiled
+        row["warmup_cached_s"] = None if cached is None else cached["total_s"]
+        row["to_last_token_cold_s"] = prepare_s + warm["total_s"]
+        row["to_last_token_cached_s"] = (
+            None if cached is None else prepare_s + cached["total_s"]
+        )
+        _add_memory(row, prep.model, self.book, mem)
+        if warm["tokens"] != self.n:
+            row["note"] += f"; produced {warm['tokens']} tokens"
+        # Free this mode's copies (compiled graphs, int8 weights) so the
+        # next mode's memory figure is its own
+        del prep
+        if mode.compiled:
             _forget_compiled_code()
-            if timer is _time_stream:
-                kwargs["progress"] = progress("warm-up again, from the compile cache")
-            cached = timer(stream, dev, **kwargs)
-        runs = [timer(stream, dev) for _ in range(repeats)]
-    row = _summarise(mode, runs, warm["total_s"], mem, dev, token_ids)
-    row["compiled"] = compiled
-    row["warmup_cached_s"] = None if cached is None else cached["total_s"]
-    row["to_last_token_cold_s"] = prepare_s + warm["total_s"]
-    row["to_last_token_cached_s"] = (
-        None if cached is None else prepare_s + cached["total_s"]
-    )
-    # The mode's own memory: the loaded weights it reads in place, plus
-    # what the process grew by while it ran (its copies, caches, compiling);
-    # the loaded model itself is shared by every mode, so it is not counted
-    # for modes that do not use it (fast_int8 reads only its int8 copy).
-    # At least its own tensors: RSS need not grow when the allocator hands
-    # out memory an earlier mode freed
+        gc.collect()
+        return row
+
+    def timed(self, mode: Mode, prep: _Prepared):
+        """(warm-up, warm-up from the compile cache or None, timed runs)."""
+        bars = prep.timer is _time_stream
+        what = "warm-up, compiling (minutes on a CPU)" if mode.compiled else "warm-up"
+        kwargs = (
+            {"progress": self.progress(mode, what), "total": self.n} if bars else {}
+        )
+        warm = prep.timer(prep.stream, self.dev, **kwargs)
+        cached = None
+        if mode.compiled:
+            _forget_compiled_code()
+            if bars:
+                kwargs["progress"] = self.progress(
+                    mode, "warm-up again, from the compile cache"
+                )
+            cached = prep.timer(prep.stream, self.dev, **kwargs)
+        runs = [prep.timer(prep.stream, self.dev) for _ in range(self.repeats)]
+        return warm, cached, runs
+
+
+def _add_memory(row: dict[str, Any], model, book, mem: _PeakMemory) -> None:
+    """The mode's own memory: the loaded weights it reads in place, plus
+    what the process grew by while it ran (its copies, caches, compiling);
+    the loaded model is shared by every mode, so it is not counted for
+    modes that do not use it (fast_int8 reads only its int8 copy). At least
+    its own tensors: RSS need not grow when the allocator hands out memory
+    an earlier mode freed."""
     row["shared_weight_bytes"] = shared_weight_bytes(model, book)
     row["own_tensor_bytes"] = own_tensor_bytes(model, book)
     row["peak_mem_bytes"] = row["shared_weight_bytes"] + max(
@@ -768,15 +831,19 @@ def _run_mode(mode, book, token_ids, n, repeats, dev, quiet):
     row["weight_read_gbps"] = (
         row["weight_bytes_per_token"] * row["tokens_per_sec"] / 1e9
     )
-    if warm["tokens"] != n:
-        row["note"] += f"; produced {warm['tokens']} tokens"
-    # Free this mode's extra copies (compiled graphs, int8 weights) so the
-    # next mode's memory figure is its own
-    del stream, model
-    if compiled:
-        _forget_compiled_code()
-    gc.collect()
-    return row
+
+
+def _add_shares(rows: list[dict[str, Any]]) -> None:
+    """Each mode's weight-read speed as a share of the best read speed of
+    the run (comparable across rows) and of the probe around it."""
+    best = max((r["machine_read_gbps"] for r in rows), default=0.0)
+    best = max(best, max((r["run_read_gbps"] for r in rows), default=0.0))
+    for row in rows:
+        row["best_read_gbps"] = best
+        row["bandwidth_share"] = row["weight_read_gbps"] / best
+        row["bandwidth_share_local"] = (
+            row["weight_read_gbps"] / row["machine_read_gbps"]
+        )
 
 
 def _summarise(mode, runs, warmup_s, mem, dev, token_ids) -> dict[str, Any]:
@@ -808,9 +875,6 @@ def _summarise(mode, runs, warmup_s, mem, dev, token_ids) -> dict[str, Any]:
         "compiled": False,
         "note": MODE_NOTES[mode],
     }
-
-
-BF16_FAST_MODES = ("fast", "fast_compiled", "fast_block_compiled", "fast_native")
 
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
@@ -868,35 +932,48 @@ def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def _spread(value: float | None) -> str:
-    return "" if value is None else f" ±{value:.0%}"
+def _spread(row: Mapping[str, Any]) -> str:
+    """ " ±N%" over the timed runs; " ±–" with only one (no spread to tell)."""
+    value = row.get("tokens_per_sec_spread")
+    if value is None:
+        return ""
+    if len(row.get("tokens_per_sec_runs") or ()) < 2:
+        return " ±–"
+    return f" ±{value:.0%}"
+
+
+def _share(row: Mapping[str, Any]) -> str:
+    best, local = row.get("bandwidth_share"), row.get("bandwidth_share_local")
+    if best is None:
+        return "-"
+    return f"{best:.0%} ({_num(local, '.0%')})"
 
 
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """A markdown table of the rows: speed (± half the range over the timed
-    runs), time to first token, warm-up cold
-    and cached, time to the last token, weight-read GB/s and its share of the
-    machine's read speed, peak memory, ratio to the book's KV-cache mode."""
+    runs), time to first token, warm-up cold and cached, time to the last
+    token, weight-read GB/s and its share of the run's best read speed (and,
+    in brackets, of the probe around the mode), peak memory, ratio to the
+    book's KV-cache mode."""
     n = rows[0]["new_tokens"] if rows else "N"
     header = (
         "| Mode | Tokens/sec (decode, ± spread) | Tokens/sec (end to end) | TTFT (s) "
         "| Warm-up cold / cached (s) "
         f"| To token {n} cold / cached (s) "
-        "| Weights read (GB/s) | Share of read speed "
+        "| Weights read (GB/s) | Share of best read speed (around it) "
         "| Peak memory (GB) | vs kv_cache |"
     )
     lines = [header, "|" + "---|" * 10]
     for r in rows:
         ratio = r.get("ratio_vs_kv_cache")
         lines.append(
-            f"| {r['mode']} | {r['tokens_per_sec']:.2f}"
-            f"{_spread(r.get('tokens_per_sec_spread'))} "
+            f"| {r['mode']} | {r['tokens_per_sec']:.2f}{_spread(r)} "
             f"| {r['e2e_tokens_per_sec']:.2f} | {r['ttft_s']:.3f} "
             f"| {r['warmup_s']:.1f} / {_num(r.get('warmup_cached_s'), '.1f')} "
             f"| {_num(r.get('to_last_token_cold_s'), '.1f')} / "
             f"{_num(r.get('to_last_token_cached_s'), '.1f')} "
             f"| {_num(r.get('weight_read_gbps'), '.1f')} "
-            f"| {_num(r.get('bandwidth_share'), '.0%')} "
+            f"| {_share(r)} "
             f"| {r['peak_mem_bytes'] / 1024**3:.2f} "
             f"| {_num(ratio, '.2f')}{'' if ratio is None else 'x'} |"
         )
@@ -976,32 +1053,36 @@ def plot_results(
 # ---------------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one clear line, exit code 2
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+PROG = "python -m utils.benchmark"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="python -m utils.benchmark",
+def build_parser() -> CommandParser:
+    p = CommandParser(
+        prog=PROG,
         description="Compare Qwen3 0.6B generation modes (the book's Table 2.1, "
-        "plus a static-cache fast path and Hugging Face) in one run.",
+        "plus a static-cache fast path and Hugging Face) in one run. The table "
+        "goes to stdout, progress to stderr.",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, mps, xpu or auto")
-    p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
-    p.add_argument("--max-new-tokens", type=int, default=100)
+    p.add_argument(
+        "--dtype", default="bfloat16", choices=list(DTYPES), help="weights and "
+        "activations (the book's model is bfloat16)"
+    )  # fmt: skip
+    p.add_argument(
+        "--max-new-tokens", type=int, default=100, help="tokens each run makes"
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed runs per mode")
     p.add_argument(
         "--modes",
         default=None,
-        help=f"comma-separated subset of: {','.join(ALL_MODES)}, or all "
+        help=f"comma-separated subset of: {', '.join(ALL_MODES)}; or all "
         "(default: all but regular and regular_compiled on a CPU)",
     )
-    p.add_argument("--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the text to continue")
     p.add_argument("--model-path", default=None, help="a book .pth file")
     p.add_argument("--out-dir", default="qwen3", help="download folder")
-    p.add_argument("--json", default=None, metavar="PATH")
-    p.add_argument("--csv", default=None, metavar="PATH")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the rows")
+    p.add_argument("--csv", default=None, metavar="PATH", help="write the rows")
     p.add_argument("--plot", default=None, metavar="PATH", help="bar chart (PNG)")
     p.add_argument(
         "--threads",
@@ -1019,26 +1100,46 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point; returns the exit code."""
+def check_output_path(path: str | os.PathLike, flag: str) -> Path:
+    """Raise ValueError unless `path` can be written (checked before minutes
+    of work): not a folder, under no regular file, in a writable folder."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a folder; give a file name")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: cannot write into {parent}")
+    return path
+
+
+def _check_cli(args) -> list[str] | None:
+    """The modes asked for; every argument checked before any work."""
+    modes = None
+    if args.modes is not None:
+        modes = _check_modes([m.strip() for m in args.modes.split(",") if m.strip()])
+    if args.max_new_tokens < 2:
+        raise ValueError("--max-new-tokens must be at least 2")
+    if args.repeats < 1:
+        raise ValueError("--repeats must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError("--threads must be at least 1")
+    for flag in ("json", "csv", "plot"):
+        if getattr(args, flag):
+            check_output_path(getattr(args, flag), f"--{flag}")
+    return modes
+
+
+def _main(argv: Sequence[str] | None) -> int:
     from utils.download import DownloadError
 
     args = build_parser().parse_args(argv)
     try:
-        modes = (
-            None
-            if args.modes is None
-            else [m.strip() for m in args.modes.split(",") if m.strip()]
-        )
-        if modes is not None:
-            _check_modes(modes)
-        if args.max_new_tokens < 2:
-            raise ValueError("--max-new-tokens must be at least 2")
-        if args.repeats < 1:
-            raise ValueError("--repeats must be at least 1")
+        modes = _check_cli(args)
         if args.threads is not None:
-            if args.threads < 1:
-                raise ValueError("--threads must be at least 1")
             torch.set_num_threads(args.threads)
         rows = run_benchmark(
             modes=modes,
@@ -1052,25 +1153,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             cold_compile=not args.warm_cache,
         )
     except (ValueError, FileNotFoundError, DownloadError) as exc:
-        print(f"python -m utils.benchmark: error: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
+    _report(rows, args)
+    return 0
+
+
+def _report(rows: list[dict[str, Any]], args) -> None:
+    """The table and its notes on stdout; files written; banner on stderr."""
     print()
     print(format_table(rows))
     print(describe_bandwidth(rows))
     choice = describe_choice(rows)
     if choice:
         print(choice)
-    if rows and rows[0].get("standin"):
-        from utils.standin import BANNER
-
-        print(BANNER)
     for path, writer in ((args.json, write_json), (args.csv, write_csv)):
         if path:
-            print(f"wrote {writer(rows, path)}")
+            _log(f"wrote {writer(rows, path)}")
     if args.plot:
         plot_results(rows, args.plot)
-        print(f"wrote {args.plot}")
-    return 0
+        _log(f"wrote {args.plot}")
+    if rows and rows[0].get("standin"):
+        from utils.standin import print_standin_banner
+
+        with contextlib.redirect_stdout(sys.stderr):
+            print_standin_banner()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit code (2 after one line for
+    bad arguments or unusable files, never a traceback)."""
+    return run_command(PROG, lambda: _main(argv))
 
 
 if __name__ == "__main__":

@@ -4,10 +4,11 @@ Both load the book's Qwen3 0.6B files through `utils.download` (stand-ins with
 QWEN3_STANDIN=1) and stream text with `utils.streaming.stream_generation`, so
 a character split across tokens is printed only once it is complete and an id
 the tokenizer does not know shows as `<unk:ID>`. Generated text goes to
-stdout; progress, the stand-in banner and per-answer statistics go to stderr.
-Bad input ends with one `<prog>: error: ...` line on stderr (a failed download
-adds its list of sources and what to try) and exit status 2 (1 for failures
-while running), never a traceback. In the chat, a line that cannot be read or
+stdout, so `qwen3-generate ... > answer.txt` keeps only the answer; progress,
+the stand-in banner and statistics go to stderr. Errors follow
+`utils.errors`: one `<prog>: error: ...` line on stderr (a failed download
+adds its list of sources and what to try), exit status 2 for what the user
+can fix, never a traceback. In the chat, a line that cannot be read or
 encoded is reported and skipped; the conversation goes on.
 
     python -m utils.cli generate --prompt "Explain large language models."
@@ -22,24 +23,13 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
-from utils.errors import first_line
+from utils.errors import CommandParser, UsageError, first_line, run_command
 from utils.qwen3_tokenizer import IM_END_ID
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 EMPTY_THINK = "<think>\n\n</think>\n\n"
-
-
-class CliError(Exception):
-    """A problem the user can fix; printed as one line, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error in one line."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _positive_int(text: str) -> int:
@@ -56,44 +46,45 @@ def _add_common(p: argparse.ArgumentParser, default_tokens: int) -> None:
     p.add_argument(
         "--device",
         default="auto",
-        help="auto (default: CUDA, then MPS, XPU, CPU), cpu, cuda, cuda:N, mps, xpu",
+        help="auto (CUDA, then MPS, XPU, CPU), cpu, cuda, cuda:N, mps, xpu",
     )
     p.add_argument(
         "--max-new-tokens",
         type=_positive_int,
         default=default_tokens,
-        help=f"most tokens to generate per answer (default {default_tokens})",
+        help="most tokens to generate per answer",
     )
     p.add_argument(
         "--cache",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="use the KV cache (default: on)",
+        help="use the KV cache",
     )
     p.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile the model first (warm-up takes minutes on a CPU); "
-        "with --fast: compile the transformer block (seconds) and keep eager, "
-        "compiled or native, whichever is fastest here",
+        help="torch.compile the model first, the book's way (warm-up takes "
+        "minutes on a CPU); with --fast: compile the transformer block "
+        "(seconds) and keep eager, compiled or native, whichever is fastest",
     )
     p.add_argument(
         "--fast",
         action="store_true",
-        help="use the static-KV-cache fast path in utils.fast_decode (on "
-        "x86-64 CPUs each token is one native C call: no compile, close to "
-        "but not bit-equal with the book's numbers)",
+        help="use the static-KV-cache fast path in utils.fast (on x86-64 "
+        "CPUs each token is one native C call: no compile, close to but not "
+        "bit-equal with the book's numbers)",
     )
     p.add_argument(
         "--int8",
         action="store_true",
         help="with --fast: weight-only int8 linear layers (about twice as "
-        "fast on a CPU; approximate: tokens can differ from bf16's)",
+        "fast on a CPU, about half the memory; approximate: tokens can "
+        "differ from bf16's)",
     )
     p.add_argument(
         "--out-dir",
         default="qwen3",
-        help="folder for the model files (downloaded if missing; default qwen3)",
+        help="folder for the model files (downloaded if missing)",
     )
     p.add_argument("--model-file", type=Path, help="use this .pth file directly")
     p.add_argument("--tokenizer-file", type=Path, help="use this tokenizer .json")
@@ -110,7 +101,8 @@ def _status(*parts: Any) -> None:
 
 @dataclass
 class Loaded:
-    """What both commands work with: tokenizer, model, device, streamer."""
+    """What both commands work with: tokenizer, model, device, streamer
+    (`model` is the fast model with --fast, the book's model otherwise)."""
 
     tokenizer: Any
     model: Any
@@ -126,22 +118,14 @@ def _resolve_device(name: str) -> Any:
         with contextlib.redirect_stdout(sys.stderr):
             return resolve_device(name)
     except ValueError as exc:
-        raise CliError(str(exc)) from None
+        raise UsageError(str(exc)) from None
 
 
 def _check_fast(fast: bool, cache: bool, int8: bool) -> None:
-    from utils.streaming import fast_decode_available
-
     if int8 and not fast:
-        raise CliError("--int8 works on the fast path only; add --fast.")
-
-    if fast and not fast_decode_available():
-        raise CliError(
-            "--fast needs utils.fast_decode, which this checkout does not have; "
-            "run without --fast."
-        )
+        raise UsageError("--int8 works on the fast path only; add --fast.")
     if fast and not cache:
-        raise CliError("--fast always uses its static KV cache; drop --no-cache.")
+        raise UsageError("--fast always uses its static KV cache; drop --no-cache.")
 
 
 def _files(args: argparse.Namespace, kind: str) -> tuple[Path, Path, bool]:
@@ -149,7 +133,7 @@ def _files(args: argparse.Namespace, kind: str) -> tuple[Path, Path, bool]:
     from utils.download import DownloadError, download_qwen3_small, local_files
 
     if (args.model_file is None) != (args.tokenizer_file is None):
-        raise CliError("give both --model-file and --tokenizer-file, or neither.")
+        raise UsageError("give both --model-file and --tokenizer-file, or neither.")
     if args.model_file is not None:
         try:
             with contextlib.redirect_stdout(sys.stderr):
@@ -157,35 +141,68 @@ def _files(args: argparse.Namespace, kind: str) -> tuple[Path, Path, bool]:
                     args.model_file, args.tokenizer_file
                 )
         except FileNotFoundError as exc:
-            raise CliError(str(exc)) from None
+            raise UsageError(str(exc)) from None
         assert tokenizer is not None
         return tokenizer, model, standin
-
+    where = f"could not get the {kind} model files into {args.out_dir}/"
     try:
         with contextlib.redirect_stdout(sys.stderr):
             files = download_qwen3_small(kind, out_dir=args.out_dir)
     except ValueError as exc:
-        raise CliError(str(exc)) from None
+        raise UsageError(str(exc)) from None
     except DownloadError as exc:  # its sources and hints are the useful part
-        raise CliError(
-            f"could not get the {kind} model files into {args.out_dir}/:\n{exc}"
-        ) from None
+        raise UsageError(f"{where}:\n{exc}") from None
     except Exception as exc:  # network, disk: say what failed in one line
-        raise CliError(
-            f"could not get the {kind} model files into {args.out_dir}/: "
-            f"{first_line(exc)}"
-        ) from None
+        raise UsageError(f"{where}: {first_line(exc)}") from None
     assert files.model is not None
     return files.tokenizer, files.model, files.standin
 
 
+def _load_model(args: argparse.Namespace, path: Path, device: Any) -> Any:
+    """The book's model, or with --fast the fast model built straight from
+    the checkpoint (with --int8 quantized layer by layer: the bf16 weights
+    are never all in memory). One UsageError line for a bad file."""
+    from utils import models
+
+    try:
+        state_dict = models.read_checkpoint(path)
+        if not args.fast:
+            # the model takes the loaded tensors (no random init, no copy)
+            return models.load_book_model(state_dict, device)
+        problems = models.shape_problems(state_dict, tied_head_ok=True)
+        if problems:
+            raise models.CheckpointError(
+                f"not the weights of this model: {models.summarize_problems(problems)}"
+            )
+    except models.CheckpointError as exc:
+        raise UsageError(
+            f"could not load the model weights from {path} ({exc}); the file is "
+            "damaged or not a Qwen3 0.6B checkpoint: delete it and run again to "
+            "download it again."
+        ) from None
+    del state_dict
+    return _fast_from_checkpoint(args, path, device)
+
+
+def _fast_from_checkpoint(args: argparse.Namespace, path: Path, device: Any) -> Any:
+    from utils.fast import FastQwen3
+    from utils.streaming import INT8_NOTE
+
+    fast = FastQwen3.from_checkpoint(path, int8=args.int8)
+    if args.int8:
+        _status(INT8_NOTE)
+    if fast.device != device:
+        fast = fast.to(device)
+    if not args.compile and device.type == "cpu" and fast.use_native_step():
+        _status("fast path: native decode step (one C call per token)")
+    return fast
+
+
 def load(args: argparse.Namespace, kind: str, **tokenizer_kwargs: Any) -> Loaded:
     """Resolve the device, get the files and load tokenizer and model, turning
-    every failure into a one-line `CliError`."""
-    import torch
-    from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Tokenizer
+    every failure into a one-line `UsageError`."""
+    from reasoning_from_scratch.qwen3 import Qwen3Tokenizer
 
-    from utils.benchmark import load_book_model
     from utils.streaming import GreedyStreamer
 
     device = _resolve_device(args.device)
@@ -194,41 +211,15 @@ def load(args: argparse.Namespace, kind: str, **tokenizer_kwargs: Any) -> Loaded
     try:
         tokenizer = Qwen3Tokenizer(str(tok_path), **tokenizer_kwargs)
     except Exception as exc:
-        raise CliError(
+        raise UsageError(
             f"could not read the tokenizer file {tok_path} ({first_line(exc)}); "
             "delete it and run again to download it again."
         ) from None
     _status(f"Loading {model_path} ...")
-    try:
-        state_dict = torch.load(model_path, map_location="cpu", weights_only=True)
-        # the model takes the loaded tensors (no random init, no second copy)
-        model, _, _ = load_book_model(
-            device, QWEN_CONFIG_06_B["dtype"], state_dict=state_dict
-        )
-        del state_dict
-    except Exception as exc:
-        raise CliError(
-            f"could not load the model weights from {model_path} "
-            f"({first_line(exc)}); the file is damaged or not a Qwen3 0.6B "
-            "checkpoint: delete it and run again to download it again."
-        ) from None
-    streamer = GreedyStreamer(model, int8=args.int8)
+    model = _load_model(args, model_path, device)
+    fast = model if args.fast else None
+    streamer = GreedyStreamer(model, int8=args.int8, fast_model=fast)
     return Loaded(tokenizer, model, device, streamer, standin)
-
-
-def _run(prog: str, body: Callable[[], int]) -> int:
-    """Run a command body; one line on stderr for anything that goes wrong."""
-    try:
-        return body()
-    except CliError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"\n{prog}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:  # last resort: still no traceback
-        print(f"{prog}: error: {first_line(exc)}", file=sys.stderr)
-        return 1
 
 
 # --------------------------------------------------------------------------
@@ -237,7 +228,7 @@ def _run(prog: str, body: Callable[[], int]) -> int:
 
 
 def generate_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = CommandParser(
         prog="qwen3-generate",
         description="Generate text with Qwen3 0.6B (greedy), streaming it as it "
         "comes, then print time, tokens/sec and peak memory.",
@@ -265,12 +256,9 @@ def generate_parser() -> argparse.ArgumentParser:
 def _generate(argv: Sequence[str] | None) -> int:
     args = generate_parser().parse_args(argv)
     if not args.prompt.strip():
-        raise CliError("the prompt is empty; pass some text with --prompt.")
+        raise UsageError("the prompt is empty; pass some text with --prompt.")
     if args.thinking and not args.reasoning:
-        raise CliError("--thinking only applies with --reasoning.")
-
-    from utils.streaming import stream_generation
-
+        raise UsageError("--thinking only applies with --reasoning.")
     kind = "reasoning" if args.reasoning else "base"
     tok_kwargs = {}
     if args.reasoning:
@@ -280,34 +268,47 @@ def _generate(argv: Sequence[str] | None) -> int:
             add_thinking=args.thinking,
         )
     run = load(args, kind, **tok_kwargs)
-    tokenizer = run.tokenizer
     try:
-        prompt_ids = tokenizer.encode(args.prompt)
+        prompt_ids = run.tokenizer.encode(args.prompt)
     except Exception as exc:  # e.g. bytes that are not UTF-8 in the argument
-        raise CliError(f"could not encode the prompt ({first_line(exc)}).") from None
+        raise UsageError(f"could not encode the prompt ({first_line(exc)}).") from None
+    result = _stream_answer(args, run, prompt_ids)
+    _write_stdout("\n")
+    if result.interrupted:
+        _status("[stopped]")
+    if result.stats:
+        from utils.generation import stats_lines
+
+        _status("\n" + "\n".join(stats_lines(result.stats)))
+    else:
+        _status("\nNo tokens generated (the model ended the text at once).")
+    if args.print_ids:
+        print("Token ids:", " ".join(map(str, result.token_ids)), flush=True)
+    return 0
+
+
+def _stream_answer(args: argparse.Namespace, run: Loaded, prompt_ids: list) -> Any:
+    """Stream the answer to stdout; the statistics come back, unprinted."""
+    from utils.streaming import stream_generation
+
     if args.compile:
         _status("Compiling: the first tokens take a while ...")
     try:
-        result = stream_generation(
+        return stream_generation(
             run.streamer,
-            tokenizer,
+            run.tokenizer,
             prompt_ids,
             args.max_new_tokens,
-            tokenizer.eos_token_id,
+            run.tokenizer.eos_token_id,
             _write_stdout,
             cache=args.cache,
             compile=args.compile,
             fast=args.fast,
             device=run.device,
-            stats="print",
+            stats="quiet",
         )
-    except ValueError as exc:  # the prompt does not fit: checked before any work
-        raise CliError(str(exc)) from None
-    if result.interrupted:
-        _status("\n[stopped]")
-    if args.print_ids:
-        print("Token ids:", " ".join(map(str, result.token_ids)))
-    return 0
+    except ValueError as exc:  # does not fit: checked before any work
+        raise UsageError(str(exc)) from None
 
 
 def _write_stdout(text: str) -> None:
@@ -317,7 +318,7 @@ def _write_stdout(text: str) -> None:
 
 def generate_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `qwen3-generate`."""
-    return _run("qwen3-generate", lambda: _generate(argv))
+    return run_command("qwen3-generate", lambda: _generate(argv))
 
 
 # --------------------------------------------------------------------------
@@ -370,36 +371,39 @@ class ChatSession:
     def reply(self, user_text: str, write: Callable[[str], Any]) -> dict[str, Any]:
         """Generate the answer to `user_text`, passing text pieces to `write`;
         returns counts. Ctrl-C ends the answer early and keeps what was said.
-        Raises CliError (conversation unchanged) when it cannot fit."""
+        Raises UsageError (conversation unchanged) when it cannot fit."""
         from utils.streaming import stream_generation
 
         try:
             prompt = self.encode(self.render(user_text))
         except Exception as exc:  # e.g. text the tokenizer cannot take
-            raise CliError(
+            raise UsageError(
                 f"could not encode that message ({first_line(exc)}); "
                 "it was not sent, type another one."
             ) from None
         room = self.context_length - len(prompt)
         if room < 1:
-            raise CliError(
+            raise UsageError(
                 f"the conversation would be {len(prompt)} tokens, over the context "
                 f"length of {self.context_length}; type /clear to start over "
                 "(or send a shorter message)."
             )
         budget = min(self.max_new_tokens, room)
-        result = stream_generation(
-            self.streamer,
-            self.tokenizer,
-            prompt,
-            budget,
-            IM_END_ID,
-            write,
-            cache=self.cache,
-            compile=self.compile,
-            fast=self.fast,
-            device=self.device,
-        )
+        try:
+            result = stream_generation(
+                self.streamer,
+                self.tokenizer,
+                prompt,
+                budget,
+                IM_END_ID,
+                write,
+                cache=self.cache,
+                compile=self.compile,
+                fast=self.fast,
+                device=self.device,
+            )
+        except ValueError as exc:  # too long for memory: checked before work
+            raise UsageError(str(exc)) from None
         answer = result.token_ids
         stopped = "stopped" if result.interrupted else None
         if stopped is None and len(answer) == budget and budget < self.max_new_tokens:
@@ -417,7 +421,7 @@ class ChatSession:
 
 
 def chat_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = CommandParser(
         prog="qwen3-chat",
         description="Chat with the Qwen3 0.6B reasoning model. Reads one message "
         "per line from stdin. Commands: /think, /no_think, /clear, /history, "
@@ -428,13 +432,13 @@ def chat_parser() -> argparse.ArgumentParser:
         "--think",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="let the model think before answering (default: off, as the "
-        "book's tokenizer; toggle with /think and /no_think)",
+        help="let the model think before answering (off as in the book's "
+        "tokenizer; toggle with /think and /no_think)",
     )
     p.add_argument(
         "--context-length",
         type=_positive_int,
-        help="most tokens the conversation may hold (default: the model's)",
+        help="most tokens the conversation may hold (none: the model's)",
     )
     return p
 
@@ -498,7 +502,7 @@ def _chat(argv: Sequence[str] | None) -> int:
     model_context = run.model.cfg["context_length"]
     context = args.context_length or model_context
     if context > model_context:
-        raise CliError(
+        raise UsageError(
             f"--context-length {context} is more than the model's {model_context}."
         )
     session = ChatSession(
@@ -512,14 +516,8 @@ def _chat(argv: Sequence[str] | None) -> int:
         compile=args.compile,
         fast=args.fast,
     )
-    out = sys.stdout
     _status(f"Qwen3 0.6B chat (thinking {'on' if session.thinking else 'off'}). ")
     _status(CHAT_HELP)
-
-    def write(text: str) -> None:
-        out.write(text)
-        out.flush()
-
     while True:
         try:
             line = _read_line(sys.stdin, "You: ")
@@ -529,52 +527,60 @@ def _chat(argv: Sequence[str] | None) -> int:
         except BadLine as exc:
             _status(f"qwen3-chat: {exc}")
             continue
-        if line is None:
-            break
-        message = line.strip()
-        if not message:
-            continue
-        command = message.lower()
-        if command in ("/quit", "/exit"):
-            break
-        if command == "/help":
-            _status(CHAT_HELP)
-        elif command == "/clear":
-            session.clear()
-            _status("[conversation cleared]")
-        elif command == "/history":
-            _show_history(session, out)
-        elif command in ("/think", "/no_think"):
-            session.thinking = command == "/think"
-            _status(f"[thinking {'on' if session.thinking else 'off'}]")
-        elif message.startswith("/") and " " not in message:
-            _status(f"unknown command {message}; {CHAT_HELP}")
-        else:
-            write("Assistant: ")
-            try:
-                info = session.reply(message, write)
-            except CliError as exc:
-                write("\n")
-                _status(f"qwen3-chat: {exc}")
-                continue
-            except KeyboardInterrupt:
-                write("\n")
-                _status("[stopped]")
-                continue
-            write("\n")
-            note = f"; {info['stopped']}" if info["stopped"] else ""
-            _status(
-                f"[prompt {info['prompt_tokens']} tokens, answer "
-                f"{info['answer_tokens']} tokens, "
-                f"{info['tokens_per_sec']:.1f} tokens/sec; conversation "
-                f"{session.history_tokens()}/{session.context_length} tokens{note}]"
-            )
-    return 0
+        if line is None or not _chat_line(session, line.strip()):
+            return 0
+
+
+def _chat_line(session: ChatSession, message: str) -> bool:
+    """Act on one line of the chat; False when it asks to leave."""
+    command = message.lower()
+    if not message:
+        return True
+    if command in ("/quit", "/exit"):
+        return False
+    if command == "/help":
+        _status(CHAT_HELP)
+    elif command == "/clear":
+        session.clear()
+        _status("[conversation cleared]")
+    elif command == "/history":
+        _show_history(session, sys.stdout)
+    elif command in ("/think", "/no_think"):
+        session.thinking = command == "/think"
+        _status(f"[thinking {'on' if session.thinking else 'off'}]")
+    elif message.startswith("/") and " " not in message:
+        _status(f"unknown command {message}; {CHAT_HELP}")
+    else:
+        _answer(session, message)
+    return True
+
+
+def _answer(session: ChatSession, message: str) -> None:
+    """The assistant's answer on stdout, its statistics on stderr."""
+    _write_stdout("Assistant: ")
+    try:
+        info = session.reply(message, _write_stdout)
+    except UsageError as exc:
+        _write_stdout("\n")
+        _status(f"qwen3-chat: {exc}")
+        return
+    except KeyboardInterrupt:
+        _write_stdout("\n")
+        _status("[stopped]")
+        return
+    _write_stdout("\n")
+    note = f"; {info['stopped']}" if info["stopped"] else ""
+    _status(
+        f"[prompt {info['prompt_tokens']} tokens, answer "
+        f"{info['answer_tokens']} tokens, "
+        f"{info['tokens_per_sec']:.1f} tokens/sec; conversation "
+        f"{session.history_tokens()}/{session.context_length} tokens{note}]"
+    )
 
 
 def chat_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `qwen3-chat`."""
-    return _run("qwen3-chat", lambda: _chat(argv))
+    return run_command("qwen3-chat", lambda: _chat(argv))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -111,6 +111,19 @@ def generate_text_basic_stream_cache(
     return _stream_cache(model, token_ids, max_new_tokens, eos_token_id)
 
 
+def stats_lines(stats: dict[str, Any]) -> list[str]:
+    """The book's printed lines for a `generate_stats` result: time,
+    tokens/sec (a whole number as in the book; one decimal below 1, where
+    the book's `int()` would print 0) and peak memory."""
+    rate = stats["tokens_per_sec"]
+    if not math.isfinite(rate):
+        speed = "n/a tokens/sec (too short to time)"
+    else:
+        speed = f"{int(rate) if rate >= 1 else round(rate, 1)} tokens/sec"
+    memory = f"{stats['memory_kind']}: {stats['peak_mem_bytes'] / 1024**3:.2f} GB"
+    return [f"Time: {stats['time_s']:.2f} sec", speed, memory]
+
+
 def generate_stats(
     output_token_ids: torch.Tensor,
     tokenizer: Any,
@@ -135,11 +148,6 @@ def generate_stats(
         "device": str(device),
     }
     if not quiet:
-        print(f"\n\nTime: {total_time:.2f} sec")
-        if math.isfinite(rate):
-            print(f"{int(rate)} tokens/sec")
-        else:
-            print("n/a tokens/sec (too short to time)")
-        print(f"{mem_label}: {mem_bytes / 1024**3:.2f} GB")
+        print("\n\n" + "\n".join(stats_lines(stats)))
     reset_peak_memory(device)
     return stats

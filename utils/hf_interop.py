@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,10 +31,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from utils.errors import CommandParser, UsageError, run_command
 from utils.qwen3_tokenizer import ENDOFTEXT_ID, IM_END_ID
 
 if TYPE_CHECKING:
     from utils.download import Qwen3Files
+
+
+class TyingError(ValueError):
+    """The output head and the embedding disagree with the tying asked for."""
 
 
 # Book name -> Hugging Face name, inside one transformer block.
@@ -181,7 +185,7 @@ def book_to_hf_state_dict(
     if tie_word_embeddings and not torch.equal(
         sd["out_head.weight"], sd["tok_emb.weight"]
     ):
-        raise ValueError(
+        raise TyingError(
             "tie_word_embeddings=True, but out_head.weight differs from "
             "tok_emb.weight; pass tie_word_embeddings=False to keep both."
         )
@@ -206,7 +210,7 @@ def hf_to_book_state_dict(
     has_head = "lm_head.weight" in sd
     tied = (not has_head) if tie_word_embeddings is None else tie_word_embeddings
     if not tied and not has_head:
-        raise ValueError(
+        raise TyingError(
             "Missing 'lm_head.weight' and tie_word_embeddings=False; if the "
             "checkpoint ties its output head to the embedding (as Qwen3-0.6B "
             "does), pass tie_word_embeddings=True."
@@ -219,7 +223,7 @@ def hf_to_book_state_dict(
                 "'model.embed_tokens.weight'."
             )
         if has_head and not torch.equal(out["out_head.weight"], out["tok_emb.weight"]):
-            raise ValueError(
+            raise TyingError(
                 "tie_word_embeddings=True, but the checkpoint has an "
                 "lm_head.weight that differs from the embedding; pass "
                 "tie_word_embeddings=False to use it."
@@ -240,35 +244,20 @@ def _check_cfg(cfg: Mapping[str, Any]) -> None:
         )
 
 
-def expected_shapes(cfg: Mapping[str, Any]) -> dict[str, torch.Size]:
-    """Key -> shape of the book's `Qwen3Model(cfg)` (built on the meta device)."""
-    from reasoning_from_scratch.qwen3 import Qwen3Model
-
-    _check_cfg(cfg)
-    with torch.device("meta"):
-        model = Qwen3Model(dict(cfg))
-    return {k: v.shape for k, v in model.state_dict().items()}
-
-
 def check_state_dict_shapes(
     book_sd: Mapping[str, torch.Tensor], cfg: Mapping[str, Any]
 ) -> None:
     """Raise a ValueError naming every key whose presence or shape does not
-    match `Qwen3Model(cfg)`."""
-    shapes = expected_shapes(cfg)
-    problems = [f"missing {k!r}" for k in shapes if k not in book_sd]
-    problems += [f"unexpected {k!r}" for k in book_sd if k not in shapes]
-    problems += [
-        f"{k!r} has shape {tuple(v.shape)}, cfg expects {tuple(shapes[k])}"
-        for k, v in book_sd.items()
-        if k in shapes and v.shape != shapes[k]
-    ]
+    match `Qwen3Model(cfg)` (the project's one check, `utils.models`)."""
+    from utils.models import shape_problems, summarize_problems
+
+    _check_cfg(cfg)
+    problems = shape_problems(book_sd, cfg)
     if problems:
-        shown = "; ".join(problems[:6])
-        more = f"; and {len(problems) - 6} more" if len(problems) > 6 else ""
         raise ValueError(
-            f"State dict does not fit Qwen3Model(cfg): {shown}{more}. Check that "
-            f"cfg describes the checkpoint (emb_dim, n_layers, vocab_size, ...)."
+            f"State dict does not fit Qwen3Model(cfg): "
+            f"{summarize_problems(problems, shown=6)}. Check that cfg describes "
+            "the checkpoint (emb_dim, n_layers, vocab_size, ...)."
         )
 
 
@@ -412,6 +401,37 @@ def hf_config_from_book(
 # --------------------------------------------------------------------------
 
 
+def _read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`; ValueError naming the file otherwise."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}).") from None
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"{path} holds a JSON {type(data).__name__}, not an object; it is "
+            "not a Hugging Face file: download it again."
+        )
+    return data
+
+
+def _read_safetensors(file: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """All tensors of one safetensors file in `dtype`; ValueError naming the
+    file when it is truncated or damaged."""
+    out = {}
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                out[key] = f.get_tensor(key).to(dtype)
+    except Exception as exc:  # noqa: BLE001 - SafetensorError, OSError, ...
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(
+            f"{file} is not a complete safetensors file ({detail[:120]}); the "
+            "download is damaged or incomplete: fetch it again."
+        ) from None
+    return out
+
+
 def _find_weight_files(path: Path) -> tuple[Path, list[Path]]:
     """(folder holding config.json, safetensors files) for a folder, a
     `.safetensors` file or a `model.safetensors.index.json`."""
@@ -439,7 +459,9 @@ def _find_weight_files(path: Path) -> tuple[Path, list[Path]]:
             f"{path} does not exist or is not a folder / .safetensors / "
             f"index.json file."
         )
-    weight_map = json.loads(index.read_text())["weight_map"]
+    weight_map = _read_json_object(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"{index} has no weight_map; download it again.")
     files = [folder / name for name in dict.fromkeys(weight_map.values())]
     absent = [f.name for f in files if not f.is_file()]
     if absent:
@@ -465,7 +487,7 @@ def load_hf_checkpoint(
     hf_config: dict[str, Any] = {}
     config_path = folder / "config.json"
     if config_path.is_file():
-        hf_config = json.loads(config_path.read_text())
+        hf_config = _read_json_object(config_path)
     if cfg is None:
         if not hf_config:
             raise FileNotFoundError(
@@ -481,9 +503,7 @@ def load_hf_checkpoint(
 
     hf_sd: dict[str, torch.Tensor] = {}
     for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for key in f.keys():
-                hf_sd[key] = f.get_tensor(key).to(cfg["dtype"])
+        hf_sd.update(_read_safetensors(file, cfg["dtype"]))
     tie = hf_config.get("tie_word_embeddings")
     sd = hf_to_book_state_dict(
         hf_sd, tie_word_embeddings=None if tie is None else bool(tie), cfg=cfg
@@ -589,59 +609,69 @@ def export_hf_folder(
     tok_path = None if tokenizer_file is None else Path(tokenizer_file)
     if tok_path is not None and not tok_path.is_file():
         raise FileNotFoundError(f"tokenizer_file {tok_path} does not exist.")
-
     check_state_dict_shapes(sd, cfg)
     dtype = dtype or cfg["dtype"]
     tied = sd["out_head.weight"].dtype == sd["tok_emb.weight"].dtype and bool(
         torch.equal(sd["out_head.weight"], sd["tok_emb.weight"])
     )
-    hf_config = hf_config_from_book(
-        cfg,
-        tie_word_embeddings=tied,
-        dtype=dtype,
-        bos_token_id=bos_token_id,
-        eos_token_id=eos_token_id,
-    )
-    tok_config = None
+    files: dict[str, Any] = {
+        "config.json": hf_config_from_book(
+            cfg, tie_word_embeddings=tied, dtype=dtype,
+            bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+        ),
+        "generation_config.json": {
+            "bos_token_id": bos_token_id,
+            "eos_token_id": eos_token_id,
+            "pad_token_id": ENDOFTEXT_ID if ENDOFTEXT_ID < cfg["vocab_size"] else None,
+        },
+    }  # fmt: skip
     if tok_path is not None:
-        max_id = _tokenizer_max_id(tok_path)
-        if max_id >= cfg["vocab_size"]:
-            raise ValueError(
-                f"{tok_path} has token ids up to {max_id}, beyond the model's "
-                f"vocab_size={cfg['vocab_size']}; it is not this model's tokenizer."
-            )
-        tok_config = _tokenizer_config(tok_path, eos_token_id, cfg["context_length"])
+        files["tokenizer_config.json"] = _checked_tokenizer_config(
+            tok_path, eos_token_id, cfg
+        )
     hf_sd = book_to_hf_state_dict(sd, tie_word_embeddings=tied)
     # Own, contiguous copies on the CPU: safetensors refuses shared storage.
     hf_sd = {
         k: v.detach().to(device="cpu", dtype=dtype).contiguous().clone()
         for k, v in hf_sd.items()
     }
-    generation_config = {
-        "bos_token_id": bos_token_id,
-        "eos_token_id": eos_token_id,
-        "pad_token_id": ENDOFTEXT_ID if ENDOFTEXT_ID < cfg["vocab_size"] else None,
-    }
+    _write_folder(out_dir, files, hf_sd, tok_path)
+    return out_dir
 
+
+def _checked_tokenizer_config(
+    tok_path: Path, eos_token_id: Any, cfg: Mapping[str, Any]
+) -> dict[str, Any]:
+    max_id = _tokenizer_max_id(tok_path)
+    if max_id >= cfg["vocab_size"]:
+        raise ValueError(
+            f"{tok_path} has token ids up to {max_id}, beyond the model's "
+            f"vocab_size={cfg['vocab_size']}; it is not this model's tokenizer."
+        )
+    return _tokenizer_config(tok_path, eos_token_id, cfg["context_length"])
+
+
+def _write_folder(
+    out_dir: Path,
+    json_files: Mapping[str, Any],
+    hf_sd: dict[str, torch.Tensor],
+    tok_path: Path | None,
+) -> None:
+    """Write everything into a temporary folder beside `out_dir`, then put
+    it in place in one rename (a failure leaves nothing behind)."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
     try:
-        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-        (tmp / "generation_config.json").write_text(
-            json.dumps(generation_config, indent=2) + "\n"
-        )
+        for name, data in json_files.items():
+            (tmp / name).write_text(json.dumps(data, indent=2) + "\n")
         save_file(hf_sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if tok_path is not None:
             shutil.copyfile(tok_path, tmp / "tokenizer.json")
-            (tmp / "tokenizer_config.json").write_text(
-                json.dumps(tok_config, indent=2) + "\n"
-            )
         os.chmod(tmp, 0o755)
         _replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out_dir
 
 
 def _replace_dir(src: Path, dest: Path) -> None:
@@ -729,32 +759,17 @@ def import_qwen3(
     downloaded from Hugging Face or ModelScope). Writes `qwen3-0.6B-<kind>.pth`
     (bfloat16, the book's key names) and `tokenizer-<kind>.json` to `out_dir`
     with the verification record `download_qwen3_small` accepts, so the
-    notebooks use them without a download. Returns `utils.download.Qwen3Files`.
+    notebooks use them without a download. Every input is read and checked
+    before anything is written; a failure leaves `out_dir` as it was.
+    Returns `utils.download.Qwen3Files`.
     """
     from utils import download
 
     tok_name, model_name = download.file_names(kind)
-    folder, _ = _find_weight_files(Path(src))
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(
-            f"No config.json in {folder}; download it together with the weights."
-        )
-    hf_config = json.loads(config_path.read_text())
-    _check_kind(hf_config, kind, folder)
-    _check_tokenizer(folder / "tokenizer.json")
-    sd, cfg = load_hf_checkpoint(folder, dtype=torch.bfloat16)
-    if require_06b:
-        from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B
-
-        if cfg != QWEN_CONFIG_06_B:
-            diff = sorted(k for k in cfg if cfg[k] != QWEN_CONFIG_06_B.get(k))
-            raise ValueError(
-                f"{folder} is not Qwen3-0.6B (differs in {diff}); the notebooks "
-                f"build the 0.6B model. Use Qwen/Qwen3-0.6B-Base or Qwen/Qwen3-0.6B."
-            )
-
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out-dir {out} is a file, not a folder; name a folder.")
+    folder, sd = _read_official_folder(Path(src), kind, require_06b)
     out.mkdir(parents=True, exist_ok=True)
     source = f"import-qwen3 from {folder.resolve()}"
     check = "converted from the official safetensors"
@@ -777,23 +792,65 @@ def import_qwen3(
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line: `python -m utils.hf_interop import-qwen3 PATH --kind base`."""
-    import argparse
+def _read_official_folder(
+    src: Path, kind: str, require_06b: bool
+) -> tuple[Path, dict[str, torch.Tensor]]:
+    """(folder, book state dict in bf16) of an official Qwen3 folder, after
+    checking its config, tokenizer and weights; writes nothing."""
+    folder, _ = _find_weight_files(src)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(
+            f"No config.json in {folder}; download it together with the weights."
+        )
+    hf_config = _read_json_object(config_path)
+    _check_kind(hf_config, kind, folder)
+    _check_tokenizer(folder / "tokenizer.json")
+    try:
+        sd, cfg = load_hf_checkpoint(folder, dtype=torch.bfloat16)
+    except TyingError:
+        raise ValueError(
+            f"{config_path} says tie_word_embeddings="
+            f"{hf_config.get('tie_word_embeddings')}, which its weights "
+            "contradict (lm_head.weight missing or not the embedding): the "
+            "folder mixes files of different models; download it again."
+        ) from None
+    if require_06b:
+        from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B
 
-    parser = argparse.ArgumentParser(
-        prog="python -m utils.hf_interop",
+        if cfg != QWEN_CONFIG_06_B:
+            diff = sorted(k for k in cfg if cfg[k] != QWEN_CONFIG_06_B.get(k))
+            raise ValueError(
+                f"{folder} is not Qwen3-0.6B (differs in {diff}); the notebooks "
+                f"build the 0.6B model. Use Qwen/Qwen3-0.6B-Base or Qwen/Qwen3-0.6B."
+            )
+    return folder, sd
+
+
+PROG = "python -m utils.hf_interop"
+
+
+def build_parser() -> CommandParser:
+    """`import-qwen3 PATH --kind base|reasoning [--out-dir DIR]`."""
+    parser = CommandParser(
+        prog=PROG,
         description="Convert between official Qwen3 checkpoints and the book's files.",
+        epilog=None,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(
+        dest="command", required=True, parser_class=CommandParser
+    )
     imp = sub.add_parser(
         "import-qwen3",
         help="official Qwen3-0.6B(-Base) folder -> the book's .pth + tokenizer",
         description=(
             "Convert a folder downloaded from Hugging Face or ModelScope "
             "(config.json, tokenizer.json, *.safetensors) into the book's "
-            "qwen3-0.6B-<kind>.pth and tokenizer-<kind>.json."
+            "qwen3-0.6B-<kind>.pth and tokenizer-<kind>.json, with the "
+            "verification record the notebooks' download accepts."
         ),
+        epilog="Example: uv run python -m utils.hf_interop import-qwen3 "
+        "Qwen3-0.6B-Base --kind base --out-dir ch02/01_main-chapter-code/qwen3",
     )
     imp.add_argument("path", help="folder with config.json, tokenizer.json, weights")
     imp.add_argument(
@@ -802,16 +859,28 @@ def main(argv: list[str] | None = None) -> int:
         choices=["base", "reasoning"],
         help="base for Qwen3-0.6B-Base, reasoning for Qwen3-0.6B",
     )
-    imp.add_argument("--out-dir", default="qwen3", help="default: ./qwen3")
-    args = parser.parse_args(argv)
+    imp.add_argument(
+        "--out-dir", default="qwen3", help="where the book's files go (the "
+        "notebooks read the qwen3/ folder next to them)"
+    )  # fmt: skip
+    return parser
+
+
+def _main(argv: list[str] | None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         files = import_qwen3(args.path, args.kind, args.out_dir)
     except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        raise UsageError(str(exc)) from None
     for path in files:
         print(f"Wrote {path} ({path.stat().st_size / 1e6:.1f} MB), verified")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: `python -m utils.hf_interop import-qwen3 PATH --kind base`;
+    exit status 2 after one line for a bad folder or option."""
+    return run_command(PROG, lambda: _main(argv))
 
 
 if __name__ == "__main__":

@@ -173,3 +173,45 @@ def load_book_model_file(
         return load_book_model(sd, device, dtype, cfg)
     except CheckpointError as exc:
         raise CheckpointError(f"{path}: {exc}") from None
+
+
+def prefill_attention_bytes(cfg: Mapping[str, Any], num_tokens: int) -> int:
+    """Memory the attention of one layer needs to run a prompt of
+    `num_tokens` at once: the book's model (and the fast path's prefill)
+    hold the full score matrix, heads x tokens x tokens, about three times
+    at its peak (scores, masked scores, softmax), plus the boolean mask."""
+    itemsize = torch.empty((), dtype=cfg["dtype"]).element_size()
+    scores = cfg["n_heads"] * num_tokens * num_tokens * itemsize
+    return 3 * scores + 2 * num_tokens * num_tokens
+
+
+def free_memory_bytes(device: torch.device) -> int | None:
+    """Memory that can still be allocated on `device` (CPU: available RAM;
+    CUDA: free device memory); None where it cannot be told."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "cpu":
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    return None
+
+
+def check_prefill_fits(
+    cfg: Mapping[str, Any], num_tokens: int, device: torch.device
+) -> None:
+    """Raise ValueError, before any work, when a prompt of `num_tokens` would
+    need more memory for its attention than `device` has free; the message
+    gives the limit and what to do."""
+    free = free_memory_bytes(device)
+    need = prefill_attention_bytes(cfg, num_tokens)
+    if free is None or need <= 0.8 * free:
+        return
+    per_token2 = prefill_attention_bytes(cfg, 1000) / 1000**2
+    most = int((0.8 * free / per_token2) ** 0.5)
+    raise ValueError(
+        f"the prompt is {num_tokens:,} tokens; running it needs about "
+        f"{need / 1e9:.1f} GB for the attention scores, and {device.type} has "
+        f"{free / 1e9:.1f} GB free: use a prompt of at most about {most:,} "
+        "tokens here (shorten it, or /clear a long conversation)."
+    )

@@ -3,7 +3,7 @@
 
 `stream_generation` encodes nothing itself: it takes prompt ids, streams new
 token ids from a `GreedyStreamer` (book generators, `torch.compile`, or the
-`utils.fast_decode` path), turns them into text with `Utf8StreamDecoder` and
+`utils.fast` path), turns them into text with `Utf8StreamDecoder` and
 hands each finished piece to a `write` callback. It times the run with the
 monotonic `time.perf_counter`, waiting for an asynchronous device (CUDA, XPU,
 MPS) to finish before reading the clock, and can print or return the book's
@@ -67,36 +67,47 @@ def decode_bytes(tokenizer: Any, token_ids: Sequence[int]) -> str:
 # Token ids from the chosen decode path
 # --------------------------------------------------------------------------
 
+INT8_NOTE = (
+    "fast path: weight-only int8 (about half the bytes per token; "
+    "approximate, tokens can differ from bf16's)"
+)
 
-def fast_decode_available() -> bool:
-    """Whether the optional fast path `utils.fast_decode` is present."""
-    import importlib.util
 
-    try:
-        return importlib.util.find_spec("utils.fast_decode") is not None
-    except (ImportError, ValueError):
-        return False
+def _note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 class GreedyStreamer:
     """Streams greedy token ids from one model with the chosen decode path.
 
-    Variants are built on first use and kept: `compile` wraps the model in
-    `torch.compile` (compiling costs minutes once), `fast` uses
-    `utils.fast_decode` (static KV cache; on CPUs the native one-call step
-    where it can run; `compile` then compiles its transformer block and
-    keeps eager, compiled or native, whichever `pick_faster` measures
-    fastest on this machine). The plain paths are `utils.generation`'s
-    generators.
+    Variants are built on first use and kept: `compile` compiles the book's
+    model the book's way (`utils.compile.book_compile`: minutes once on a
+    CPU), `fast` uses `utils.fast` (static KV cache; on CPUs the native
+    one-call step where it can run; `compile` then compiles its transformer
+    block and keeps eager, compiled or native, whichever `pick_faster`
+    measures fastest here). The plain paths are `utils.generation`'s
+    generators. `fast_model` hands over a fast model built elsewhere (the
+    CLI loads one straight from the checkpoint, int8 included).
     """
 
-    def __init__(self, model: torch.nn.Module, int8: bool = False) -> None:
+    def __init__(
+        self, model: torch.nn.Module, int8: bool = False, fast_model: Any = None
+    ) -> None:
         self.model = model
         self.int8 = int8  # the fast path with weight-only int8 (approximate)
         self._compiled: torch.nn.Module | None = None
-        self._fast: Any = None
+        self._fast: Any = fast_model
         self._fast_compiled = False
         self.fast_choice: dict[str, Any] | None = None  # set by pick_faster
+
+    def _build_fast(self) -> Any:
+        from utils.fast import FastQwen3, quantize_int8
+
+        fast = FastQwen3.from_book_model(self.model)
+        if self.int8:
+            quantize_int8(fast)  # the book's bf16 model stays as is
+            _note(INT8_NOTE)
+        return fast
 
     def _fast_model(
         self,
@@ -104,54 +115,46 @@ class GreedyStreamer:
         token_ids: torch.Tensor | None = None,
         max_new_tokens: int | None = None,
     ) -> Any:
-        if not fast_decode_available():
-            raise RuntimeError(
-                "The fast path needs utils.fast_decode, which this checkout "
-                "does not have; run without the fast option."
-            )
-        from utils import fast_decode
-
         if self._fast is None:
-            self._fast = fast_decode.FastQwen3.from_book_model(self.model)
-            if self.int8:
-                from utils.quantize import quantize_int8
-
-                quantize_int8(self._fast)  # the book's bf16 model stays as is
-                print(
-                    "fast path: weight-only int8 (about half the bytes per "
-                    "token; approximate, tokens can differ from bf16's)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            if not compile and self._fast._device().type == "cpu":
-                # one C call per token where it can run (no compile needed)
+            self._fast = self._build_fast()
+            # on a CPU: one C call per token where it can run (no compile)
+            if not compile and self._fast.device.type == "cpu":
                 if self._fast.use_native_step():
-                    print(
-                        "fast path: native decode step (one C call per token)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                    _note("fast path: native decode step (one C call per token)")
         if compile and not self._fast_compiled:
-            # Compile the block (shared by all layers: seconds, not minutes),
-            # then keep the fastest of eager, compiled and native here
-            self._fast.compile_decode(scope="block")
-            self._fast_compiled = True
-            if token_ids is not None:
-                pick = fast_decode.pick_faster(
-                    self._fast, token_ids, max_new_tokens=max_new_tokens
-                )
-                self.fast_choice = pick
-                native = pick["native_s"]
-                native = "" if native is None else f", native {native * 1000:.0f}"
-                print(
-                    f"fast path: {pick['choice']} decoding is fastest here "
-                    f"(eager {pick['eager_s'] * 1000:.0f}, compiled "
-                    f"{pick['compiled_s'] * 1000:.0f}{native} ms per token; "
-                    f"compiling took {pick['compile_s']:.1f} s)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            self._compile_fast(token_ids, max_new_tokens)
         return self._fast
+
+    def _compile_fast(
+        self, token_ids: torch.Tensor | None, max_new_tokens: int | None
+    ) -> None:
+        """Compile the block (shared by all layers: seconds, not minutes),
+        then keep the fastest of eager, compiled and native here."""
+        from utils.fast import pick_faster
+
+        self._fast.compile_decode(scope="block")
+        self._fast_compiled = True
+        if token_ids is None:
+            return
+        pick = pick_faster(self._fast, token_ids, max_new_tokens=max_new_tokens)
+        self.fast_choice = pick
+        native = pick["native_s"]
+        native = "" if native is None else f", native {native * 1000:.0f}"
+        _note(
+            f"fast path: {pick['choice']} decoding is fastest here "
+            f"(eager {pick['eager_s'] * 1000:.0f}, compiled "
+            f"{pick['compiled_s'] * 1000:.0f}{native} ms per token; "
+            f"compiling took {pick['compile_s']:.1f} s)"
+        )
+
+    def _book_model(self, compile: bool) -> torch.nn.Module:
+        if not compile:
+            return self.model
+        if self._compiled is None:
+            from utils.compile import book_compile
+
+            self._compiled = book_compile(self.model)
+        return self._compiled
 
     def stream(
         self,
@@ -170,19 +173,15 @@ class GreedyStreamer:
         )
 
         if fast:
-            from utils import fast_decode
+            from utils.fast import generate
 
             model = self._fast_model(compile, token_ids, max_new_tokens)
-            gen = fast_decode.generate(model, token_ids, max_new_tokens, eos_token_id)
+            gen = generate(model, token_ids, max_new_tokens, eos_token_id)
         else:
-            model = self.model
-            if compile:
-                if self._compiled is None:
-                    self._compiled = torch.compile(self.model)
-                model = self._compiled
             fn = generate_text_basic_stream
             if cache:
                 fn = generate_text_basic_stream_cache
+            model = self._book_model(compile)
             gen = fn(model, token_ids, max_new_tokens, eos_token_id)
         return _as_ints(gen)
 
@@ -249,29 +248,16 @@ def stream_generation(
     made: building the fast path the first time is not counted.
 
     `on_token` sees each id before its text; `should_stop` is asked after each
-    token. Invalid inputs raise ValueError before anything is generated.
+    token. Invalid inputs, and a prompt whose attention would not fit in
+    memory, raise ValueError before anything is generated.
     """
     from utils.device import reset_peak_memory, synchronize
-    from utils.generation import check_generation_inputs, generate_stats
 
     if stats not in (None, "print", "quiet"):
         raise ValueError(f"stats must be None, 'print' or 'quiet', got {stats!r}")
     device = device if device is not None else _model_device(streamer)
-    if isinstance(prompt_ids, torch.Tensor):
-        ids = prompt_ids.to(device)
-    else:
-        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
-    check_generation_inputs(getattr(streamer, "model", None), ids, max_new_tokens)
-
+    ids = _checked_prompt(streamer, prompt_ids, max_new_tokens, device, cache or fast)
     result = StreamResult()
-    decoder = Utf8StreamDecoder(tokenizer)
-
-    def emit(piece: str) -> None:
-        if piece:
-            result.text += piece
-            if write is not None:
-                write(piece)
-
     reset_peak_memory(device)
     # Making the stream builds the fast path the first time (and with
     # compile, compiles and picks, reported on stderr): set-up, not part
@@ -280,6 +266,59 @@ def stream_generation(
         ids, max_new_tokens, eos_token_id, cache=cache, compile=compile, fast=fast
     )
     start = time.perf_counter()
+    decoder = Utf8StreamDecoder(tokenizer)
+    tail = _consume(stream, result, decoder, write, should_stop, on_token)
+    synchronize(device)
+    result.elapsed_s = time.perf_counter() - start
+    tail()
+    if stats is not None:
+        _add_stats(result, tokenizer, device, quiet=stats == "quiet")
+    return result
+
+
+def _checked_prompt(
+    streamer: Any,
+    prompt_ids: Sequence[int] | torch.Tensor,
+    max_new_tokens: int,
+    device: torch.device,
+    cached: bool,
+) -> torch.Tensor:
+    """The prompt as a (1, n) tensor on `device`, after the checks that
+    must fail before any work: inputs, and memory for the attention."""
+    from utils.generation import check_generation_inputs
+    from utils.models import check_prefill_fits
+
+    if isinstance(prompt_ids, torch.Tensor):
+        ids = prompt_ids.to(device)
+    else:
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
+    model = getattr(streamer, "model", None)
+    check_generation_inputs(model, ids, max_new_tokens)
+    cfg = getattr(model, "cfg", None)
+    if isinstance(cfg, dict) and "n_heads" in cfg:
+        # without a cache every step runs the whole sequence again
+        longest = ids.shape[1] + (0 if cached else max_new_tokens)
+        check_prefill_fits(cfg, longest, device)
+    return ids
+
+
+def _consume(
+    stream: Iterator[int],
+    result: StreamResult,
+    decoder: Utf8StreamDecoder,
+    write: Callable[[str], Any] | None,
+    should_stop: Callable[[], bool] | None,
+    on_token: Callable[[int], Any] | None,
+) -> Callable[[], None]:
+    """Read the stream into `result`, writing text as it completes; Ctrl-C
+    ends it early. Returns the call that writes what the decoder holds."""
+
+    def emit(piece: str) -> None:
+        if piece:
+            result.text += piece
+            if write is not None:
+                write(piece)
+
     try:
         for token_id in stream:
             result.token_ids.append(token_id)
@@ -295,17 +334,18 @@ def stream_generation(
         close = getattr(stream, "close", None)
         if close is not None:
             close()
-    synchronize(device)
-    result.elapsed_s = time.perf_counter() - start
-    emit(decoder.flush())
+    return lambda: emit(decoder.flush())
 
-    if stats is not None:
-        quiet = stats == "quiet"
-        if result.token_ids:
-            out = torch.tensor(result.token_ids, device=device)
-            result.stats = generate_stats(
-                out, tokenizer, 0.0, result.elapsed_s, quiet=quiet
-            )
-        elif not quiet:
-            print("\n\nNo tokens generated (the model ended the text at once).")
-    return result
+
+def _add_stats(
+    result: StreamResult, tokenizer: Any, device: torch.device, quiet: bool
+) -> None:
+    from utils.generation import generate_stats
+
+    if result.token_ids:
+        out = torch.tensor(result.token_ids, device=device)
+        result.stats = generate_stats(
+            out, tokenizer, 0.0, result.elapsed_s, quiet=quiet
+        )
+    elif not quiet:
+        print("\n\nNo tokens generated (the model ended the text at once).")

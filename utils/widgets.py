@@ -233,7 +233,7 @@ class GenerationPanel(_View):
     ) -> None:
         import ipywidgets as w
 
-        from utils.streaming import GreedyStreamer, fast_decode_available
+        from utils.streaming import GreedyStreamer
 
         self.tokenizer = tokenizer
         self.eos_token_id = eos_token_id
@@ -260,16 +260,10 @@ class GenerationPanel(_View):
             description="torch.compile",
             tooltip="compiles on first use: minutes of warm-up on a CPU",
         )
-        has_fast = fast_decode_available()
         self.fast_box = w.Checkbox(
             value=False,
             description="fast path",
-            disabled=not has_fast,
-            tooltip=(
-                "static KV cache decode from utils.fast_decode"
-                if has_fast
-                else "needs utils.fast_decode, which this checkout does not have"
-            ),
+            tooltip="static KV cache decoder from utils.fast (beyond the book)",
         )
         self.generate_button = w.Button(description="Generate", button_style="primary")
         self.stop_button = w.Button(
