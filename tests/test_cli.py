@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from _view_fixtures import (
+
+from tests._view_fixtures import (
     load_tokenizer,
     standin_env,
     standin_files,
@@ -19,7 +20,6 @@ from _view_fixtures import (
     tiny_model,
     unknown_id_model,
 )
-
 from utils import cli
 from utils.fast import FastQwen3
 from utils.fast import generate as fast_generate
@@ -478,18 +478,18 @@ DRIVER = r"""
 import sys
 import torch
 sys.path.insert(0, sys.argv[1])
-from _view_fixtures import load_tokenizer, tiny_model
+from tests._view_fixtures import load_tokenizer, tiny_model
 from utils import cli
 from utils.streaming import GreedyStreamer
 
 model = tiny_model()
 
 def fake_load(args, kind, **kw):
-    tok = load_tokenizer(sys.argv[2], **kw)
+    tok = load_tokenizer(sys.argv[1], **kw)
     return cli.Loaded(tok, model, torch.device("cpu"), GreedyStreamer(model), True)
 
 cli.load = fake_load
-sys.exit(cli.chat_main(sys.argv[3:]))
+sys.exit(cli.chat_main(sys.argv[2:]))
 """
 
 
@@ -501,7 +501,6 @@ def test_chat_skips_a_line_that_is_not_utf8(env, tiny):
             sys.executable,
             "-c",
             DRIVER,
-            str(Path(__file__).parent),
             str(tok_path),
             "--max-new-tokens",
             "2",

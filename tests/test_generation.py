@@ -9,8 +9,8 @@ import pytest
 import torch
 from reasoning_from_scratch import ch02 as book
 from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model
-from tiny import tiny_config
 
+from tests.tiny import tiny_config
 from utils import device
 from utils.generation import (
     generate_stats,

@@ -8,13 +8,13 @@ import time
 
 import pytest
 import torch
-from _view_fixtures import (
+
+from tests._view_fixtures import (
     load_tokenizer,
     standin_files,
     tiny_model,
     unknown_id_model,
 )
-
 from utils import device, streaming
 from utils.generation import generate_text_basic_stream_cache
 from utils.qwen3_tokenizer import TOKENIZER_VOCAB_SIZE
@@ -193,7 +193,8 @@ def test_cli_and_panel_all_use_the_one_loop(tok, model, monkeypatch, capsys):
     panel.start()
     assert panel.wait(timeout=60) and panel.error is None
     capsys.readouterr()
-    assert calls == ["print", None, "print", "quiet"]
+    # the CLI prints the statistics itself, on stderr
+    assert calls == ["quiet", None, "print", "quiet"]
 
 
 def test_fast_compile_picks_the_faster_path_and_keeps_the_tokens(
@@ -227,3 +228,23 @@ def test_fast_compile_picks_the_faster_path_and_keeps_the_tokens(
     assert streamer._fast.decode_compiled() is (choice == "compiled")
     err = capsys.readouterr().err
     assert err.count("fast path:") == 1 and choice in err
+
+
+def test_compile_of_the_book_model_uses_the_books_setting(model, monkeypatch):
+    """`qwen3-generate --compile` and the panel's torch.compile checkbox
+    compile the book's model with `allow_unspec_int_on_nn_module` set (or
+    the KV-cache model recompiles at every token)."""
+    from utils.compile import BOOK_SETTING_MIN_TORCH, torch_version
+
+    seen = []
+
+    def spy(module, **kwargs):
+        seen.append(torch._dynamo.config.allow_unspec_int_on_nn_module)
+        return module  # run eagerly: only the setting matters here
+
+    monkeypatch.setattr(torch, "compile", spy)
+    with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=False):
+        streamer = GreedyStreamer(model)
+        got = list(streamer.stream(torch.tensor([[1, 2, 3]]), 3, compile=True))
+    assert seen == [torch_version() >= BOOK_SETTING_MIN_TORCH]
+    assert len(got) == 3

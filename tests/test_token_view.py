@@ -6,8 +6,8 @@ import unicodedata
 
 import pytest
 import torch
-from _view_fixtures import load_tokenizer, standin_files, tiny_model
 
+from tests._view_fixtures import load_tokenizer, standin_files, tiny_model
 from utils.streaming import Utf8StreamDecoder, decode_bytes
 from utils.token_view import (
     TopK,

@@ -7,8 +7,13 @@ import time
 
 import pytest
 import torch
-from _view_fixtures import load_tokenizer, standin_files, tiny_model, unknown_id_model
 
+from tests._view_fixtures import (
+    load_tokenizer,
+    standin_files,
+    tiny_model,
+    unknown_id_model,
+)
 from utils import widgets
 from utils.generation import generate_text_basic_stream_cache
 from utils.token_view import render_plain, token_spans, top_k_next_tokens

@@ -1,0 +1,123 @@
+"""The layout holds: two rooms (the chapter's helpers in `utils/`, the fast
+engine in `utils/fast/`), no import cycles (imports inside functions count),
+one place that compiles the book's model, functions short enough to read."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+UTILS = Path(__file__).resolve().parents[1] / "utils"
+MAX_FUNCTION_LINES = 70
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(UTILS.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+PACKAGES = {module_name(p) for p in UTILS.rglob("__init__.py")}
+
+
+def modules() -> dict[str, ast.Module]:
+    return {
+        module_name(p): ast.parse(p.read_text(encoding="utf-8"))
+        for p in sorted(UTILS.rglob("*.py"))
+    }
+
+
+def imported(tree: ast.Module, name: str, top_level_only: bool = False) -> set[str]:
+    """Names of modules (and of what they import) that the module `name`
+    imports; relative imports resolved."""
+    package = name if name in PACKAGES else name.rpartition(".")[0]
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = package.split(".")
+                head = pkg[: len(pkg) - node.level + 1]
+                base = ".".join(head + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {
+        name: {m for m in imported(tree, name) if m in mods and m != name}
+        for name, tree in mods.items()
+    }
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycles_counting_imports_inside_functions():
+    edges = graph()
+    assert "utils.streaming" in edges and edges["utils.streaming"]
+    # package imports (`import utils`, `from utils import x`) are not cycles
+    edges = {k: {m for m in v if m != "utils"} for k, v in edges.items()}
+    assert find_cycle(edges) is None, find_cycle(edges)
+
+
+def test_the_chapter_never_imports_the_fast_engine_at_module_level():
+    for name, tree in modules().items():
+        if name.startswith("utils.fast"):
+            continue
+        top = imported(tree, name, top_level_only=True)
+        assert not {m for m in top if m.startswith("utils.fast")}, name
+
+
+def test_only_utils_compile_compiles_the_books_model():
+    """torch.compile appears in utils.compile (the book's way, with its
+    dynamo setting) and inside the fast engine (its own step), nowhere else."""
+    for name, tree in modules().items():
+        if name in ("utils.compile",) or name.startswith("utils.fast"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "compile":
+                if isinstance(node.value, ast.Name) and node.value.id == "torch":
+                    raise AssertionError(f"{name} calls torch.compile directly")
+
+
+def test_functions_are_short_enough_to_read():
+    long = []
+    for name, tree in modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long.append(f"{name}.{node.name}: {length} lines")
+    assert not long, long
