@@ -222,7 +222,7 @@ def fake_tokenizer_json(vocab_size: int, salt: str = "") -> bytes:
     vocabulary size is set to `vocab_size`."""
     import json
 
-    from utils.download import ADDED_TOKENS
+    from utils.provenance import ADDED_TOKENS
 
     data = {
         "version": "1.0",

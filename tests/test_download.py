@@ -23,14 +23,9 @@ from tests.fake_hosts import (
     serve_like_hub,
 )
 from tests.tiny import tiny_config
-from utils import download, standin
-from utils.download import (
-    KINDS,
-    DownloadError,
-    Qwen3Files,
-    download_qwen3_small,
-    is_verified,
-)
+from utils import download, provenance, standin
+from utils.download import KINDS, DownloadError, Qwen3Files, download_qwen3_small
+from utils.provenance import is_verified
 
 TOK, MODEL = "tokenizer-base.json", "qwen3-0.6B-base.pth"
 VOCAB = 12_000  # the fake tokenizer's vocabulary (Qwen3: 151,643)
@@ -40,8 +35,8 @@ TINY = tiny_config()
 @pytest.fixture(autouse=True)
 def tiny_expectations(monkeypatch: pytest.MonkeyPatch) -> None:
     """Content checks expect the tiny model and the fake tokenizer's size."""
-    monkeypatch.setattr(download, "MODEL_CONFIG", TINY)
-    monkeypatch.setattr(download, "TOKENIZER_VOCAB", VOCAB)
+    monkeypatch.setattr(provenance, "MODEL_CONFIG", TINY)
+    monkeypatch.setattr(provenance, "TOKENIZER_VOCAB", VOCAB)
     monkeypatch.setattr(download, "_BACKOFF", 0.01)
 
 
@@ -83,7 +78,7 @@ def assert_real(files: Qwen3Files, payloads: dict[str, bytes]) -> None:
     for path in files:
         assert path.read_bytes() == payloads[path.name]
         assert is_verified(path)
-        assert not standin.is_standin(path)
+        assert not provenance.is_standin(path)
         assert not path.with_name(path.name + ".part").exists()
 
 
@@ -309,7 +304,7 @@ def test_standin_found_in_real_mode_is_replaced(hosts, payloads, tmp_path):
     for name in (TOK, MODEL):
         path = tmp_path / name
         path.write_bytes(b"x" * len(payloads[name]))  # same size as the real one
-        standin.sidecar_path(path).write_text('{"standin": true}')
+        provenance.sidecar_path(path).write_text('{"standin": true}')
         # even a verification record must not make a stand-in count as real
         (tmp_path / f".{name}.verified.json").write_text(
             json.dumps({"version": 1, "file": name, "size": len(payloads[name]),
@@ -318,7 +313,8 @@ def test_standin_found_in_real_mode_is_replaced(hosts, payloads, tmp_path):
         assert not is_verified(path)
     files = download_qwen3_small("base", out_dir=tmp_path)
     assert_real(files, payloads)
-    assert not any(p.name.endswith(standin.SIDECAR_SUFFIX) for p in tmp_path.iterdir())
+    sidecar = provenance.SIDECAR_SUFFIX
+    assert not any(p.name.endswith(sidecar) for p in tmp_path.iterdir())
 
 
 @pytest.fixture
@@ -351,10 +347,10 @@ def test_standin_mode_makes_no_request(hosts, tmp_path, capsys, standin_env):
     files = download_qwen3_small("base", out_dir=out)  # cheap: already stand-ins
     assert first == files
     assert files == Qwen3Files(standin_env / TOK, standin_env / MODEL, standin=True)
-    assert all(standin.is_standin(p) and not is_verified(p) for p in files)
-    assert standin.checkpoint_is_marked(files.model)
+    assert all(provenance.is_standin(p) and not is_verified(p) for p in files)
+    assert provenance.checkpoint_is_marked(files.model)
     assert all(h.seen() == [] for h in hosts)
-    assert capsys.readouterr().out.count(standin.BANNER) == 2  # once per call
+    assert capsys.readouterr().out.count(provenance.BANNER) == 2  # once per call
     assert not out.exists()  # the reader's folder is not even created
 
 
@@ -420,7 +416,7 @@ def test_standin_call_leaves_real_downloads_alone(
     monkeypatch.setenv(standin.DIR_ENV, str(tmp_path / "standin-files"))
     files = download_qwen3_small("base", out_dir=real)
     assert files.standin and files.tokenizer.parent == tmp_path / "standin-files"
-    assert standin.is_standin(files.model) and standin.is_standin(files.tokenizer)
+    assert provenance.is_standin(files.model) and provenance.is_standin(files.tokenizer)
     assert snapshot(real) == before  # byte for byte, nothing added or removed
     assert is_verified(real / TOK) and is_verified(real / MODEL)
     assert f"nothing in {real}/ was touched" in capsys.readouterr().out
@@ -461,22 +457,20 @@ def test_copied_standin_checkpoint_is_still_recognised(tmp_path, monkeypatch):
     copy = tmp_path / "b" / MODEL
     copy.parent.mkdir()
     copy.write_bytes(marked.read_bytes())  # the sidecar stays behind
-    assert not standin.sidecar_path(copy).exists()
-    assert standin.is_standin(copy)
+    assert not provenance.sidecar_path(copy).exists()
+    assert provenance.is_standin(copy)
     plain = tmp_path / "plain.pth"
     plain.write_bytes(fake_checkpoint(TINY))
-    assert not standin.is_standin(plain)
+    assert not provenance.is_standin(plain)
     for junk in (b"", b"<html>portal</html>", b"PK\x03\x04 broken zip"):
         plain.write_bytes(junk)
-        assert not standin.is_standin(plain)
+        assert not provenance.is_standin(plain)
 
 
 def test_copied_standin_prints_the_banner_in_cli_and_benchmark(
     tmp_path, monkeypatch, capsys
 ):
     import argparse
-
-    import torch
 
     from utils import benchmark, cli
 
@@ -489,11 +483,9 @@ def test_copied_standin_prints_the_banner_in_cli_and_benchmark(
     tok.write_bytes(b"{}")
     args = argparse.Namespace(model_file=copy, tokenizer_file=tok, out_dir=tmp_path)
     assert cli._files(args, "base")[2] is True
-    assert standin.BANNER in capsys.readouterr().err
-    _, _, is_standin = benchmark.load_book_model(
-        torch.device("cpu"), torch.float32, model_path=copy, cfg=TINY
-    )
-    assert is_standin and standin.BANNER in capsys.readouterr().out
+    assert provenance.BANNER in capsys.readouterr().err
+    _, _, is_standin = benchmark._weights(copy, tmp_path)
+    assert is_standin and provenance.BANNER in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------
@@ -587,7 +579,7 @@ def test_forged_or_old_records_lead_to_reverification(hosts, payloads, tmp_path)
     gets = len(cdn.seen("GET"))
     assert is_verified(tmp_path / MODEL)
     renewed = json.loads(record_file.read_text())
-    assert renewed["version"] == download.RECORD_VERSION and "mtime_ns" in renewed
+    assert renewed["version"] == provenance.RECORD_VERSION and "mtime_ns" in renewed
     # touched (new time, same bytes): re-hashed, trusted, no download
     os.utime(tmp_path / MODEL)
     files = download_qwen3_small("base", out_dir=tmp_path)
@@ -698,12 +690,12 @@ def test_timeout_setting(monkeypatch):
 CHILD = """
 import sys
 from tests.tiny import tiny_config
-from utils import download
-download.MODEL_CONFIG = tiny_config()
-download.TOKENIZER_VOCAB = int(sys.argv[2])
+from utils import download, provenance
+provenance.MODEL_CONFIG = tiny_config()
+provenance.TOKENIZER_VOCAB = int(sys.argv[2])
 if sys.argv[3] == "die-after-transfer":
     import os
-    download._hash_file = lambda path: os._exit(3)
+    provenance.hash_file = lambda path: os._exit(3)
 files = download.download_qwen3_small(
     "base", tokenizer_only=sys.argv[4] == "tok", out_dir=sys.argv[1]
 )
@@ -759,9 +751,6 @@ def test_hub_file_finished_before_a_kill_is_not_fetched_again(
     finished file in the library's staging folder; the next run installs it
     without a second transfer and leaves no staging folder behind."""
     hub, cdn, mirror = hosts
-    legacy = tmp_path / ".hub-staging-999999"  # from an earlier version
-    legacy.mkdir()
-    (legacy / "junk").write_bytes(b"x")
     child = run_child(tmp_path, child_env(hub, mirror), "die-after-transfer", "tok")
     out = child.communicate(timeout=240)[0]
     assert child.returncode == 3, out
@@ -773,7 +762,7 @@ def test_hub_file_finished_before_a_kill_is_not_fetched_again(
     assert files.tokenizer.read_bytes() == payloads[TOK]
     assert is_verified(files.tokenizer)
     assert len(hub.seen("GET", TOK)) == 1  # the body was sent once in all
-    assert leftovers(tmp_path) == []  # staging, legacy folder and .part gone
+    assert leftovers(tmp_path) == []  # staging folder and .part gone
 
 
 def test_hub_failure_mid_transfer_leaves_nothing(hosts, payloads, tmp_path):

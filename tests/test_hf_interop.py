@@ -460,7 +460,8 @@ def test_import_qwen3_gives_verified_files_with_transformers_logits(
     from reasoning_from_scratch import qwen3
     from reasoning_from_scratch.qwen3 import Qwen3Tokenizer
 
-    from utils.download import download_qwen3_small, is_verified
+    from utils.download import download_qwen3_small
+    from utils.provenance import is_verified
 
     src = official_folder(tmp_path / "src", kind, max_shard_size="100KB")
     out = tmp_path / "qwen3"
@@ -498,16 +499,16 @@ def test_import_qwen3_gives_verified_files_with_transformers_logits(
 def test_import_replaces_standins_and_refuses_wrong_folders(
     tmp_path, capsys, monkeypatch
 ):
-    from utils import download
-    from utils.download import is_verified
-    from utils.standin import is_standin, write_standin_weights
+    from utils import provenance
+    from utils.provenance import is_standin, is_verified
+    from utils.standin import write_standin_weights
 
     src = official_folder(tmp_path / "src", "reasoning")
     out = tmp_path / "qwen3"
     stand_in = write_standin_weights(out / "qwen3-0.6B-base.pth", "base", TINY)
     assert is_standin(stand_in)
     # the install's content check expects the tiny model here, not 0.6B
-    monkeypatch.setattr(download, "MODEL_CONFIG", TINY)
+    monkeypatch.setattr(provenance, "MODEL_CONFIG", TINY)
 
     with pytest.raises(ValueError, match="reasoning model.*--kind"):
         hf_interop.import_qwen3(src, "base", out, require_06b=False)
@@ -534,10 +535,10 @@ def test_import_replaces_standins_and_refuses_wrong_folders(
 
 
 def test_import_that_fails_midway_leaves_the_old_files(tmp_path, monkeypatch):
-    from utils import download
-    from utils.download import is_verified
+    from utils import provenance
+    from utils.provenance import is_verified
 
-    monkeypatch.setattr(download, "MODEL_CONFIG", TINY)  # content check: tiny
+    monkeypatch.setattr(provenance, "MODEL_CONFIG", TINY)  # content check: tiny
     src = official_folder(tmp_path / "src")
     out = tmp_path / "qwen3"
     files = hf_interop.import_qwen3(src, "base", out, require_06b=False)

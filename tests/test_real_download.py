@@ -36,7 +36,7 @@ def real_model(monkeypatch_module):
 
     from utils.device import get_device
     from utils.download import download_qwen3_small
-    from utils.standin import is_standin
+    from utils.provenance import is_standin
 
     # conftest switches the stand-ins on for every test; this one needs the
     # real files

@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model
-from tiny import tiny_config
 
-import utils.standin as standin
+from tests.tiny import tiny_config
+from utils import provenance, standin
 
 TINY = tiny_config(
     vocab_size=300,
@@ -47,15 +47,15 @@ def test_weights_load_into_book_model_and_are_marked(tmp_path, cache):
     model = Qwen3Model(TINY)
     result = model.load_state_dict(torch.load(path, weights_only=True))
     assert not result.missing_keys and not result.unexpected_keys
-    assert standin.is_standin(path)
-    assert standin.checkpoint_is_marked(path)
-    record = json.loads(standin.sidecar_path(path).read_text())
+    assert provenance.is_standin(path)
+    assert provenance.checkpoint_is_marked(path)
+    record = json.loads(provenance.sidecar_path(path).read_text())
     assert record["standin"] is True and "NOT the real" in record["what"]
     # An ordinary checkpoint carries no mark
     plain = tmp_path / "plain.pth"
     torch.save(model.state_dict(), plain)
-    assert not standin.checkpoint_is_marked(plain)
-    assert not standin.is_standin(plain)
+    assert not provenance.checkpoint_is_marked(plain)
+    assert not provenance.is_standin(plain)
 
 
 def test_bad_kind(tmp_path, cache):
@@ -77,7 +77,7 @@ def test_06b_build_is_cached(tmp_path, cache, monkeypatch):
     second = standin.write_standin_weights(tmp_path / "b" / "qwen3-0.6B-base.pth")
     assert calls == [standin.SEEDS["base"]]
     assert first.stat().st_size == second.stat().st_size > 1_000_000_000
-    assert standin.is_standin(second) and standin.checkpoint_is_marked(second)
+    assert provenance.is_standin(second) and provenance.checkpoint_is_marked(second)
     assert not list(second.parent.glob(".*tmp*")), "no temp files left behind"
     # Keys, shapes and dtype of the real 0.6B model
     with torch.device("meta"):

@@ -1,7 +1,7 @@
 """Offline stand-ins for the Qwen3 0.6B files, for machines without internet.
 
-With `QWEN3_STANDIN=1`, `download_qwen3_small` writes these instead of
-downloading:
+With `QWEN3_STANDIN=1`, `download_qwen3_small` calls `provide_standins`
+instead of downloading, which writes:
 
 * the tokenizer: the exact Qwen3 tokenizer, rebuilt from the Qwen BPE ranks
   that ship inside the `dashscope` wheel (see `utils.qwen3_tokenizer`);
@@ -9,42 +9,49 @@ downloading:
   Same architecture, memory and speed as the real model, but the text it
   writes is gibberish.
 
-Stand-ins never live where real downloads do: `download_qwen3_small` puts them
-in `standin_files_dir()` (env `QWEN3_STANDIN_DIR`, else a folder in the
-stand-in cache), whatever `out_dir` it is given, and no function here replaces a
-verified real download. Every stand-in file gets a sidecar
-`<file>.STANDIN.json`; the weights also carry the mark inside the checkpoint, so
-a copy without its sidecar is still recognised by `is_standin`, and
-`print_standin_banner` says so whenever one is used. Builds are cached under
-`standin_cache_dir()`; later calls only link the cached file into place.
+Stand-ins never live where real downloads do: they go to
+`standin_files_dir()` (env `QWEN3_STANDIN_DIR`, else a folder in the stand-in
+cache), whatever `out_dir` the download was given, and no function here
+replaces a verified real download. Every stand-in file gets a sidecar
+`<file>.STANDIN.json`; the weights also carry the mark inside the checkpoint
+(both defined in `utils.provenance`, which recognises them). Builds are
+cached under `standin_cache_dir()`; later calls only link the cached file
+into place.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from utils import provenance
 from utils.fileio import atomic_output, atomic_place, atomic_write_bytes
+from utils.provenance import print_standin_banner
 
 if TYPE_CHECKING:
     import torch
 
+__all__ = [  # print_standin_banner: the notebooks import it from here
+    "provide_standins",
+    "print_standin_banner",
+    "refuse_to_replace_real",
+    "save_marked_state_dict",
+    "standin_cache_dir",
+    "standin_enabled",
+    "standin_files_dir",
+    "standin_state_dict",
+    "write_standin_tokenizer",
+    "write_standin_weights",
+]
+
 STANDIN_ENV = "QWEN3_STANDIN"
 CACHE_ENV = "QWEN3_STANDIN_CACHE"
 DIR_ENV = "QWEN3_STANDIN_DIR"
-SIDECAR_SUFFIX = ".STANDIN.json"
-MARK_KEY = "qwen3_standin"  # key in the checkpoint's `_metadata`
 FORMAT_VERSION = 2
 SEEDS = {"base": 20250601, "reasoning": 20250602}
-
-BANNER = (
-    "*** STAND-IN WEIGHTS: random Qwen3-0.6B-shaped weights, not the real "
-    "model. Shapes, memory and speed are real; generated text is gibberish. ***"
-)
 
 
 def standin_enabled() -> bool:
@@ -68,35 +75,16 @@ def standin_files_dir() -> Path:
     return Path(root) if root else standin_cache_dir() / "files"
 
 
-def sidecar_path(path: str | os.PathLike) -> Path:
-    """The marker file that labels `path` as a stand-in."""
-    path = Path(path)
-    return path.with_name(path.name + SIDECAR_SUFFIX)
-
-
-def is_standin(path: str | os.PathLike) -> bool:
-    """Whether `path` is a stand-in: its sidecar exists, or (for a checkpoint
-    copied without its sidecar) the mark inside the file says so."""
-    return sidecar_path(path).is_file() or checkpoint_is_marked(path)
-
-
 def refuse_to_replace_real(path: str | os.PathLike) -> None:
     """Raise `FileExistsError` (after printing one line) if `path` is a
     verified real download, so no stand-in can ever take its place."""
-    from utils.download import is_verified
-
-    if Path(path).is_file() and is_verified(path):
+    if Path(path).is_file() and provenance.is_verified(path):
         message = (
             f"Stand-in mode will not replace the verified real file {path}; "
             f"point {DIR_ENV} at another folder."
         )
         print(message)
         raise FileExistsError(message)
-
-
-def print_standin_banner() -> None:
-    """Print the one-line warning that stand-in weights are in use."""
-    print(BANNER)
 
 
 def _write_sidecar(path: Path, info: Mapping[str, Any]) -> None:
@@ -107,7 +95,9 @@ def _write_sidecar(path: Path, info: Mapping[str, Any]) -> None:
         "format_version": FORMAT_VERSION,
         **info,
     }
-    atomic_write_bytes(sidecar_path(path), json.dumps(record, indent=2).encode())
+    atomic_write_bytes(
+        provenance.sidecar_path(path), json.dumps(record, indent=2).encode()
+    )
 
 
 # --------------------------------------------------------------------------
@@ -163,25 +153,9 @@ def save_marked_state_dict(
 
     refuse_to_replace_real(path)
     sd = OrderedDict(state_dict)
-    sd._metadata = OrderedDict({MARK_KEY: {"standin": True, "note": note}})  # type: ignore[attr-defined]
+    sd._metadata = OrderedDict({provenance.MARK_KEY: {"standin": True, "note": note}})  # type: ignore[attr-defined]
     with atomic_output(path) as tmp:
         torch.save(sd, tmp)
-
-
-def checkpoint_is_marked(path: str | os.PathLike) -> bool:
-    """Whether `path` is a PyTorch checkpoint carrying the stand-in mark.
-    Cheap (memory-mapped, tensors are not read); False for any other file."""
-    import torch
-
-    try:
-        if not zipfile.is_zipfile(path):
-            return False
-        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - not a loadable checkpoint: not marked
-        return False
-    meta = getattr(sd, "_metadata", None) or {}
-    mark = meta.get(MARK_KEY) if isinstance(meta, Mapping) else None
-    return isinstance(mark, Mapping) and bool(mark.get("standin"))
 
 
 def write_standin_weights(
@@ -236,3 +210,31 @@ def write_standin_tokenizer(path: str | os.PathLike, kind: str = "base") -> Path
     atomic_place(cached, path)
     _write_sidecar(path, {"kind": kind, "file": "tokenizer"})
     return path
+
+
+# --------------------------------------------------------------------------
+# What stand-in mode hands out
+# --------------------------------------------------------------------------
+
+
+def provide_standins(out: Path, kind: str, names: list[str]) -> list[Path]:
+    """Stand-ins for the book's files `names` of `kind`, in
+    `standin_files_dir()` (built once, then reused); `out`, the folder the
+    caller asked for, is only named in the message and never touched."""
+    print_standin_banner()
+    folder = standin_files_dir()
+    paths = [folder / name for name in names]
+    for path in paths:
+        if path.is_file() and provenance.sidecar_path(path).is_file():
+            continue  # already a stand-in
+        refuse_to_replace_real(path)
+        provenance.record_path(path).unlink(missing_ok=True)  # never "verified"
+        if path.suffix == ".pth":
+            write_standin_weights(path, kind)
+        else:
+            write_standin_tokenizer(path, kind)
+    print(
+        f"Stand-in files in {folder}/ (no download: QWEN3_STANDIN is set; "
+        f"nothing in {out}/ was touched)"
+    )
+    return paths
