@@ -229,6 +229,7 @@ def test_cli_bad_flags_give_one_line_and_nonzero_exit(capsys):
     assert len(err) == 1 and "--max-new-tokens" in err[0]
 
 
+@pytest.mark.slow
 def test_help_runs_as_a_module():
     out = subprocess.run(
         [sys.executable, "-m", "utils.benchmark", "--help"],

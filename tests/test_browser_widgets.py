@@ -28,7 +28,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from contextlib import nullcontext
@@ -36,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytestmark = pytest.mark.slow  # a real JupyterLab in a real Chromium
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO / "ch02" / "01_main-chapter-code"
@@ -226,14 +227,18 @@ def chromium_path() -> str:
 
 
 @pytest.fixture(scope="module")
-def shots(request: pytest.FixtureRequest) -> Any:
-    """Folder for widget screenshots; the paths are printed at teardown."""
+def shots(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Any:
+    """Folder for widget screenshots ($CI_ARTIFACTS, else under pytest's own
+    temporary folder, which pytest prunes); the paths are printed at
+    teardown."""
     base = os.environ.get("CI_ARTIFACTS")
     if base:
         folder = Path(base) / "browser-widgets"
         folder.mkdir(parents=True, exist_ok=True)
     else:
-        folder = Path(tempfile.mkdtemp(prefix="qwen3-browser-shots-"))
+        folder = tmp_path_factory.mktemp("browser-shots")
     yield folder
     plugins = request.config.pluginmanager
     reporter = plugins.get_plugin("terminalreporter")

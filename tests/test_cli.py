@@ -66,6 +66,7 @@ def reasoning_files(tmp_path_factory):
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_generate_streams_max_new_tokens(env, reasoning_files, tmp_path_factory):
     n = 5
     proc = run_cli(
@@ -98,6 +99,7 @@ def test_generate_streams_max_new_tokens(env, reasoning_files, tmp_path_factory)
     assert re.search(r"^Peak process memory \(RSS\): [\d.]+ GB$", proc.stderr, re.M)
 
 
+@pytest.mark.slow
 def test_chat_two_turns_memory_history_clear(env, reasoning_files, tmp_path_factory):
     stdin = "Hello there\nWhat did I just say?\n/history\n/clear\n/history\n/quit\n"
     proc = run_cli(
@@ -168,12 +170,14 @@ def test_bad_arguments_fail_with_one_line(args, fragment, capsys):
     assert_one_line_error(proc, prog, fragment)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "fragment"), [BAD_ARGS[0], BAD_ARGS[2]])
 def test_bad_arguments_in_a_real_process(env, args, fragment):
     proc = run_cli(args, env, stdin="", timeout=300)
     assert_one_line_error(proc, f"qwen3-{args[0]}", fragment)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("broken", ["model", "tokenizer"])
 def test_corrupt_files_fail_with_one_line(env, tmp_path, broken, tmp_path_factory):
     tok, _ = standin_files(tmp_path_factory, "base", tokenizer_only=True)
@@ -493,6 +497,7 @@ sys.exit(cli.chat_main(sys.argv[2:]))
 """
 
 
+@pytest.mark.slow
 def test_chat_skips_a_line_that_is_not_utf8(env, tiny):
     """A real process reading real bytes on stdin (tiny model for speed)."""
     _, _, tok_path = tiny
@@ -542,6 +547,7 @@ def test_download_error_prints_its_whole_message(monkeypatch, capsys, tmp_path):
     assert len(str(error).splitlines()) > 3
 
 
+@pytest.mark.slow
 def test_download_error_in_a_real_process_lists_the_sources(env, tmp_path):
     import socket
 

@@ -148,6 +148,7 @@ def standin_06b() -> Qwen3Model:
     return model.eval()
 
 
+@pytest.mark.slow
 def test_cached_equals_uncached_and_book_on_06b_standin(standin_06b):
     """Real shape, bf16: both generators and the book's agree token for token."""
     ids = torch.tensor([[840, 20772, 3460, 4128, 4119, 13]])

@@ -197,6 +197,7 @@ def test_cli_and_panel_all_use_the_one_loop(tok, model, monkeypatch, capsys):
     assert calls == ["quiet", None, "print", "quiet"]
 
 
+@pytest.mark.slow
 def test_fast_compile_picks_the_faster_path_and_keeps_the_tokens(
     tok, model, monkeypatch, capsys
 ):

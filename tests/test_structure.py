@@ -121,3 +121,18 @@ def test_functions_are_short_enough_to_read():
                 if length > MAX_FUNCTION_LINES:
                     long.append(f"{name}.{node.name}: {length} lines")
     assert not long, long
+
+
+def test_tests_write_only_into_pytests_own_temporary_folders():
+    """A test run leaves nothing behind in /tmp: tests use `tmp_path` (and
+    its factory), which pytest prunes, never folders of their own."""
+    tests = Path(__file__).resolve().parent
+    offenders = []
+    for path in sorted(tests.rglob("*.py")):
+        if path.name == Path(__file__).name:
+            continue
+        text = path.read_text(encoding="utf-8")
+        for needle in ("mkdtemp(", "gettempdir(", '"/tmp/'):
+            if needle in text:
+                offenders.append(f"{path.relative_to(tests)}: {needle}")
+    assert not offenders, offenders

@@ -1,0 +1,118 @@
+"""Every project command the docs print runs as printed.
+
+The README and the set-up tips show `uv run python -m utils.<command> ...`,
+`uv run qwen3-generate ...` and `uv run python scripts/...` lines. Each one is
+parsed by the command's own argument parser (required options, choices and
+types are checked without doing the work), and each script it names exists.
+A line a reader would paste and see fail with "the following arguments are
+required" fails here first.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from utils import benchmark, cli, hf_interop
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = sorted(
+    [ROOT / "README.md", *ROOT.glob("ch02/**/*.md")],
+    key=lambda p: str(p),
+)
+# what starts a project command, after an optional `uv run [options]`
+COMMAND = re.compile(
+    r"(?:uv run (?:--\S+ (?:\S+ )?)*)?"
+    r"(python -m utils\.(?:cli|benchmark|hf_interop)\b|qwen3-(?:generate|chat)\b"
+    r"|python scripts/\S+)"
+)
+PARSERS = {
+    "python -m utils.benchmark": benchmark.build_parser,
+    "python -m utils.hf_interop": hf_interop.build_parser,
+    "qwen3-generate": cli.generate_parser,
+    "qwen3-chat": cli.chat_parser,
+}
+
+
+def _snippets(text: str) -> list[str]:
+    """Lines of fenced code blocks (continuations joined, `$ ` prompts
+    dropped) and inline code spans."""
+    out, block, lines = [], False, text.splitlines()
+    joined = ""
+    for line in lines:
+        if line.lstrip().startswith("```"):
+            block = not block
+            continue
+        if block:
+            joined += line.rstrip().removesuffix("\\").strip() + " "
+            if not line.rstrip().endswith("\\"):
+                out.append(joined.strip().removeprefix("$ "))
+                joined = ""
+        else:  # a span that is only a command's name names it in prose
+            out += [
+                span
+                for span in re.findall(r"`([^`]+)`", line)
+                if span not in ("qwen3-generate", "qwen3-chat")
+            ]
+    return out
+
+
+def doc_commands() -> list[tuple[str, str]]:
+    """(doc file, command) for every project command the docs show."""
+    found = []
+    for doc in DOCS:
+        for snippet in _snippets(doc.read_text(encoding="utf-8")):
+            snippet = snippet.split(" #", 1)[0]  # a trailing comment
+            for m in COMMAND.finditer(snippet):
+                rest = snippet[m.start(1) :].strip()
+                if "..." in rest or re.search(r"\w\|\w", rest):
+                    continue  # prose shorthand such as `generate|chat ...`
+                found.append((str(doc.relative_to(ROOT)), rest))
+    return found
+
+
+COMMANDS = doc_commands()
+
+
+def test_the_docs_show_the_commands():
+    names = " ".join(c for _, c in COMMANDS)
+    for command in ("utils.benchmark", "utils.hf_interop", "qwen3-generate",
+                    "qwen3-chat", "scripts/"):  # fmt: skip
+        assert command in names, command
+
+
+def _parse(command: str) -> None:
+    words = shlex.split(command)
+    if words[:2] == ["python", "-m"] and words[2] == "utils.cli":
+        name = {"generate": "qwen3-generate", "chat": "qwen3-chat"}[words[3]]
+        args = words[4:]
+    elif words[0] == "python" and words[1] == "-m":
+        name, args = " ".join(words[:3]), words[3:]
+    elif words[0] == "python":
+        script = ROOT / words[1]
+        assert script.is_file(), f"{words[1]} does not exist"
+        return
+    else:
+        name, args = words[0], words[1:]
+    parser = PARSERS[name]()
+    try:
+        parser.parse_args(args)
+    except SystemExit as exc:
+        assert exc.code == 0, f"{command!r} does not parse"
+
+
+@pytest.mark.parametrize(
+    ("doc", "command"), COMMANDS, ids=[f"{d}:{c[:40]}" for d, c in COMMANDS]
+)
+def test_each_command_in_the_docs_parses(doc, command, capsys):
+    _parse(command)
+    err = capsys.readouterr().err
+    assert "error" not in err, f"{doc}: {command!r}: {err.strip()}"
+
+
+def test_a_command_missing_a_required_option_is_caught():
+    with pytest.raises(AssertionError, match="does not parse"):
+        _parse("python -m utils.hf_interop import-qwen3 PATH")
