@@ -446,3 +446,13 @@ def test_help_explains_every_option_and_the_offline_mode():
     # every mode name appears whole (the list wraps only between names)
     for mode in benchmark.ALL_MODES:
         assert mode in text.replace("\n", " "), mode
+
+
+def test_a_prompt_too_long_for_memory_is_refused_before_any_mode(monkeypatch):
+    from utils import models
+
+    monkeypatch.setattr(models, "free_memory_bytes", lambda device: 1_000_000)
+    monkeypatch.setattr(benchmark._Run, "all", _no_run)
+    long_prompt = torch.randint(0, 500, (1, 200))
+    with pytest.raises(ValueError, match="GB for the attention scores"):
+        tiny_run(["kv_cache"], token_ids=long_prompt)

@@ -679,12 +679,22 @@ def run_benchmark(
         token_ids = prompt_token_ids(
             tokenizer_path or _tokenizer_file(out_dir), prompt, dev
         )
+    _check_memory(book.cfg, token_ids.shape[1], max_new_tokens, modes, dev)
     run = _Run(book, token_ids.to(dev), max_new_tokens, repeats, dev, quiet)
     rows = run.all(modes, cold_compile, bandwidth_bytes)
     for row in rows:
         row["standin"] = standin
         row["dtype"] = str(dtype).removeprefix("torch.")
     return rows
+
+
+def _check_memory(cfg, prompt_len: int, n: int, modes: list[str], dev) -> None:
+    """Refuse, before any mode runs, a prompt whose attention would not fit
+    (the uncached modes run prompt + n tokens at once in their last step)."""
+    from utils.models import check_prefill_fits
+
+    uncached = any(not MODE_BY_NAME[m].cache for m in modes)
+    check_prefill_fits(cfg, prompt_len + (n if uncached else 0), dev)
 
 
 def _modes_for(dev: torch.device, modes: Sequence[str] | None, quiet: bool):
