@@ -676,3 +676,30 @@ def test_int8_fast_path_peaks_below_the_bf16_one(env, tmp_path_factory):
         peaks[" ".join(flags)] = float(got.group(1))
     assert files[1] is not None
     assert peaks["--fast --int8"] < peaks["--fast"], peaks
+
+
+def test_a_pickled_program_in_the_checkpoint_is_one_plain_line(
+    tmp_path, capsys, tmp_path_factory
+):
+    import pickle
+    import zipfile
+
+    tok, _ = standin_files(tmp_path_factory, "base", tokenizer_only=True)
+    path = tmp_path / "qwen3-0.6B-base.pth"
+    torch.save({"w": torch.zeros(2)}, path)
+    with zipfile.ZipFile(path) as z:
+        data = {n: z.read(n) for n in z.namelist()}
+    pkl = next(n for n in data if n.endswith("data.pkl"))
+    data[pkl] = pickle.dumps(print, protocol=2)  # would call a function
+    with zipfile.ZipFile(path, "w") as z:
+        for name, raw in data.items():
+            z.writestr(name, raw)
+    rc = cli.generate_main(
+        ["--prompt", "hi", "--device", "cpu", "--model-file", str(path),
+         "--tokenizer-file", str(tok)]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if "error" in x]
+    assert rc == 2 and len(lines) == 1, err
+    assert "\x1b[" not in err and "This file can still be loaded" not in err
+    assert "refuses to run them" in lines[0] and "delete it" in lines[0]

@@ -135,11 +135,14 @@ def _root_cause(error: BaseException) -> BaseException:
 def _short(error: BaseException, limit: int = 300) -> str:
     """One line for the reader: the root cause and its most telling line
     (a compiler's `error:` line when there is one)."""
+    from utils.errors import first_line
+
     root = _root_cause(error)
     lines = [line.strip() for line in str(root).splitlines() if line.strip()]
     telling = [line for line in lines if "error:" in line.lower()]
-    line = (telling or lines or [""])[0]
-    msg = f"{type(root).__name__}: {line}"
+    if not telling:
+        return first_line(root, limit)
+    msg = f"{type(root).__name__}: {telling[0]}"
     return msg if len(msg) <= limit else msg[: limit - 3] + "..."
 
 

@@ -31,7 +31,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from utils.errors import CommandParser, UsageError, run_command
+from utils.errors import CommandParser, UsageError, first_line, run_command
 from utils.qwen3_tokenizer import ENDOFTEXT_ID, IM_END_ID
 
 if TYPE_CHECKING:
@@ -424,9 +424,8 @@ def _read_safetensors(file: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]
             for key in f.keys():
                 out[key] = f.get_tensor(key).to(dtype)
     except Exception as exc:  # noqa: BLE001 - SafetensorError, OSError, ...
-        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ValueError(
-            f"{file} is not a complete safetensors file ({detail[:120]}); the "
+            f"{file} is not a complete safetensors file ({first_line(exc, 140)}); the "
             "download is damaged or incomplete: fetch it again."
         ) from None
     return out
