@@ -26,11 +26,12 @@ import argparse
 import copy
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import nbformat
+
+from utils.fileio import atomic_write_text
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = REPO_ROOT / "ch02"
@@ -179,18 +180,6 @@ def render(nb: nbformat.NotebookNode) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Replace `path` with `text` without ever leaving a half-written file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def refresh(path: Path, run: bool, check: bool, timeout: int) -> bool:
     """Refresh one notebook; return True when the file changed (or would)."""
     old_text = path.read_text(encoding="utf-8")
@@ -200,7 +189,7 @@ def refresh(path: Path, run: bool, check: bool, timeout: int) -> bool:
     new_text = render(clean(nb, str(path)))
     changed = new_text != old_text
     if changed and not check:
-        write_atomically(path, new_text)
+        atomic_write_text(path, new_text)
     return changed
 
 

@@ -22,13 +22,13 @@ from __future__ import annotations
 import argparse
 import copy
 import io
-import os
 import sys
-import tempfile
 import tokenize
 from pathlib import Path
 
 import nbformat
+
+from utils.fileio import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 EN_DIR = ROOT / "ch02" / "01_main-chapter-code"
@@ -135,18 +135,6 @@ def render(nb: nbformat.NotebookNode) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def sync(en_dir: Path = EN_DIR, zh_dir: Path = ZH_DIR, check: bool = False) -> int:
     """Sync every notebook; return the number of zh files changed (or stale)."""
     changed = 0
@@ -162,7 +150,7 @@ def sync(en_dir: Path = EN_DIR, zh_dir: Path = ZH_DIR, check: bool = False) -> i
             changed += 1
             print(f"{rel}: {'would change' if check else 'updated'}")
             if not check:
-                _write(zh_path, text)
+                atomic_write_text(zh_path, text)
         if untranslated:
             print(f"{rel}: markdown still in English: {', '.join(untranslated)}")
     return changed

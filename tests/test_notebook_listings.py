@@ -9,6 +9,8 @@ statistics), so notebook and module cannot drift apart.
 """
 
 import ast
+import difflib
+import re
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,8 +20,9 @@ import pytest
 import torch
 from reasoning_from_scratch import ch02 as book
 from reasoning_from_scratch.qwen3 import KVCache, Qwen3Model
-from tiny import tiny_config
 
+from tests import book_text
+from tests.tiny import tiny_config
 from utils import device as utils_device
 from utils import generation
 
@@ -264,3 +267,255 @@ def test_generate_stats_cuda_lines_are_identical(monkeypatch, capsys):
     assert utils_out == book_out
     assert len(resets) == 2, "both reset the peak counter after reading it"
     assert stats["memory_kind"] == "Max CUDA memory allocated"
+
+
+# --------------------------------------------------------------------------
+# The book's text: listings, snippets and "Book output" blocks as printed
+# --------------------------------------------------------------------------
+# tests/data/book_listings.md holds the chapter's code and printed output,
+# block by block. Every difference a notebook may show is listed here as
+# (printed text, typed text); ch02/01_main-chapter-code/README.md gives the
+# reason for each. Anything else that differs from the book fails.
+
+ZH_DIR = NB_DIR / "zh"
+BOOK_IMPORT = "from reasoning_from_scratch.qwen3 import download_qwen3_small"
+STANDIN_LINE = "if files.standin:  # stand-ins live elsewhere, never in qwen3/\n"
+DOCUMENTED: dict[int, list[tuple[str, str]]] = {
+    # Listing 2.1: the new TF32 settings from PyTorch 2.11 on (book package 0.2.0)
+    17: [
+        (
+            "            if (major, minor) >= (2, 9):",
+            "            # The printed listing has (2, 9); see the text above\n"
+            "            if (major, minor) >= (2, 11):",
+        )
+    ],
+    # utils.download: verified downloads, stand-ins, returns the paths
+    10: [
+        (
+            BOOK_IMPORT,
+            f"# The book: {BOOK_IMPORT}\nfrom utils.download import "
+            "download_qwen3_small",
+        ),
+        ("download_qwen3_small(", "files = download_qwen3_small("),
+    ],  # fmt: skip
+    20: [("download_qwen3_small(", "files = download_qwen3_small(")],
+    # Stand-ins never live in qwen3/: their paths come from `files`
+    12: [
+        (
+            '"tokenizer-base.json"\n',
+            f'"tokenizer-base.json"\n{STANDIN_LINE}    tokenizer_path = '
+            "files.tokenizer\n",
+        )
+    ],
+    22: [
+        (
+            '"qwen3-0.6B-base.pth"\n',
+            f'"qwen3-0.6B-base.pth"\n{STANDIN_LINE}    model_path = files.model\n',
+        )
+    ],
+    # Stand-in runs are short (random weights never stop at <|endoftext|>)
+    41: [
+        (
+            "max_new_tokens = 100\n",
+            "max_new_tokens = 100\nif files.standin:  # random weights: short "
+            "runs keep tests fast\n    max_new_tokens = 10\n",
+        )
+    ],
+}
+# Where each code block of the chapter is typed: a code cell of its own
+# ("cell", after the documented edits), one line of a cell that lets the
+# reader switch it on ("line"), or a fenced block in a markdown cell that
+# explains it ("markdown"). Section 2.2's commands are in the root README.
+TYPED = {
+    8: ("01_tokenizer.ipynb", "cell"),
+    10: ("01_tokenizer.ipynb", "cell"),
+    12: ("01_tokenizer.ipynb", "cell"),
+    13: ("01_tokenizer.ipynb", "cell"),
+    15: ("01_tokenizer.ipynb", "cell"),
+    17: ("02_load-model.ipynb", "listing"),
+    18: ("02_load-model.ipynb", "cell"),
+    19: ("02_load-model.ipynb", "line"),
+    20: ("02_load-model.ipynb", "cell"),
+    22: ("02_load-model.ipynb", "cell"),
+    24: ("03_next-token.ipynb", "cell"),
+    25: ("03_next-token.ipynb", "cell"),
+    27: ("03_next-token.ipynb", "cell"),
+    30: ("03_next-token.ipynb", "cell"),
+    32: ("03_next-token.ipynb", "cell"),
+    34: ("03_next-token.ipynb", "cell"),
+    36: ("03_next-token.ipynb", "cell"),
+    38: ("03_next-token.ipynb", "cell"),
+    40: ("04_generate.ipynb", "listing"),
+    41: ("04_generate.ipynb", "cell"),
+    43: ("04_generate.ipynb", "cell"),
+    44: ("04_generate.ipynb", "cell"),
+    46: ("04_generate.ipynb", "listing"),
+    47: ("04_generate.ipynb", "cell"),
+    49: ("05_kv-cache.ipynb", "listing"),
+    50: ("05_kv-cache.ipynb", "markdown"),
+    51: ("05_kv-cache.ipynb", "markdown"),
+    52: ("05_kv-cache.ipynb", "cell"),
+    54: ("06_compile.ipynb", "cell"),
+    55: ("06_compile.ipynb", "listing"),
+    57: ("06_compile.ipynb", "listing"),
+    59: ("06_compile.ipynb", "markdown"),
+    60: ("06_compile.ipynb", "line"),
+}
+# "Book output" blocks: each notebook shows exactly these, as printed.
+BOOK_OUTPUT_BLOCKS = {
+    "01_tokenizer.ipynb": {9, 11, 14, 16},
+    "02_load-model.ipynb": {21},
+    "03_next-token.ipynb": {31, 33, 35},
+    "04_generate.ipynb": {42, 45, 48},
+    "05_kv-cache.ipynb": {53},
+    "06_compile.ipynb": {56, 58},
+}
+# Outputs a checked cell reproduces (the tokenizer and shapes are real with
+# stand-ins too): output block -> (code block, how the cell's text differs)
+CHECKED_BOOK_OUTPUTS = {
+    14: (13, lambda text: text.strip("'")),  # print() shows no quotes
+    16: (15, lambda text: re.sub(r"(?m)^(\d+) -->", r"[\1] -->", text)),  # {[i]}
+    23: (22, lambda text: text),
+    26: (25, lambda text: text),
+    28: (27, lambda text: text),
+    29: (24, lambda text: text),
+    35: (34, lambda text: " " + text),  # the token's leading space
+    37: (36, lambda text: text),
+    39: (38, lambda text: text),
+}
+LABEL = re.compile(
+    r"^(?:Book output|书中的输出)[^\n]*[:：]\n\n```text\n(.*?)\n```", re.M | re.S
+)
+
+
+def typed(block: int) -> str:
+    """The book's block with this repository's documented edits applied."""
+    text = book_text.book_blocks()[block].text
+    for printed, ours in DOCUMENTED.get(block, []):
+        assert text.count(printed) == 1, f"block {block}: {printed!r} not unique"
+        text = text.replace(printed, ours)
+    return text
+
+
+def code_sources(path: Path) -> list[str]:
+    """Code cells without nbval markers (as the reader's code reads)."""
+    nb = nbformat.read(path, as_version=4)
+    return [
+        "\n".join(ln for ln in c.source.splitlines() if not ln.startswith("# NBVAL_"))
+        for c in nb.cells
+        if c.cell_type == "code"
+    ]
+
+
+def listing_cell(path: Path, n: int, label: str = "# Listing") -> str:
+    cells = [s for s in code_sources(path) if s.startswith(f"{label} 2.{n} ")]
+    assert len(cells) == 1, f"{path.name}: one cell must start with {label} 2.{n}"
+    return cells[0]
+
+
+@pytest.mark.parametrize("n", range(1, 7))
+def test_typed_listings_are_the_books(n):
+    block = book_text.listing(n)
+    notebook, kind = TYPED[block.number]
+    assert kind == "listing"
+    cell = listing_cell(NB_DIR / notebook, n)
+    body = cell.split("\n", 1)[1]  # below the "# Listing 2.n ..." line
+    assert body == typed(block.number), "\n".join(
+        difflib.unified_diff(typed(block.number).splitlines(), body.splitlines())
+    )
+
+
+def test_every_code_block_of_the_book_is_typed():
+    blocks = book_text.book_blocks()
+    code_blocks = {n for n, b in blocks.items() if b.kind == "code"}
+    readme = code_blocks & {n for n, b in blocks.items() if b.section == "2.2"}
+    assert set(TYPED) | readme == code_blocks
+    for n, (notebook, kind) in TYPED.items():
+        sources = code_sources(NB_DIR / notebook)
+        if kind == "cell":
+            assert typed(n) in sources, f"block {n} is not a cell of {notebook}"
+        elif kind == "line":
+            lines = {ln.strip() for s in sources for ln in s.splitlines()}
+            assert typed(n) in lines, f"block {n} is not a line of {notebook}"
+        elif kind == "markdown":
+            nb = nbformat.read(NB_DIR / notebook, as_version=4)
+            fence = f"```python\n{typed(n)}\n```"
+            assert any(fence in c.source for c in nb.cells if c.cell_type == "markdown")
+
+
+@pytest.mark.parametrize(
+    ("heading", "level"),
+    [("## Following section 2.2 with this repository", "\n## "),
+     ("### 对照书中 2.2 节使用本仓库", "\n## ")],
+    ids=["en", "zh"],
+)  # fmt: skip
+def test_section_2_2_commands_are_in_the_readme(heading, level):
+    readme = (NB_DIR.parents[1] / "README.md").read_text(encoding="utf-8")
+    assert readme.count(heading) == 1
+    start = readme.index(heading)
+    section = readme[start : readme.index(level, start + 3)]
+    for n, block in book_text.book_blocks().items():
+        if block.section == "2.2":
+            assert f"```bash\n{block.text}\n```" in section, f"block {n}"
+    # The book's `>=` unquoted is a shell redirect: the README quotes it
+    quoted = 'pip install "torch>=2.7.1" "tokenizers>=0.21.2" reasoning-from-scratch'
+    assert f"```bash\n{quoted}\n```" in section
+
+
+@pytest.mark.parametrize("folder", [NB_DIR, ZH_DIR], ids=["en", "zh"])
+@pytest.mark.parametrize("notebook", sorted(BOOK_OUTPUT_BLOCKS))
+def test_book_output_blocks_are_the_books(folder, notebook):
+    outputs = {
+        b.text: n for n, b in book_text.book_blocks().items() if b.kind == "output"
+    }
+    nb = nbformat.read(folder / notebook, as_version=4)
+    shown = [
+        m[1]
+        for c in nb.cells
+        if c.cell_type == "markdown"
+        for m in LABEL.finditer(c.source)
+    ]
+    unknown = [text for text in shown if text not in outputs]
+    assert unknown == [], "a 'Book output' block is not the book's output"
+    assert sorted(outputs[t] for t in shown) == sorted(BOOK_OUTPUT_BLOCKS[notebook])
+
+
+def cell_output_text(cell) -> str:
+    parts = []
+    for out in cell.outputs:
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif out.output_type == "execute_result":
+            parts.append(out.data["text/plain"] + "\n")
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("output", sorted(CHECKED_BOOK_OUTPUTS))
+def test_checked_outputs_are_the_books(output):
+    code_block, how = CHECKED_BOOK_OUTPUTS[output]
+    notebook, kind = TYPED[code_block]
+    nb = nbformat.read(NB_DIR / notebook, as_version=4)
+    (cell,) = [
+        c
+        for c in nb.cells
+        if c.cell_type == "code"
+        and c.source == f"# NBVAL_CHECK_OUTPUT\n{typed(code_block)}"
+    ]
+    expected = how(book_text.book_blocks()[output].text) + "\n"
+    assert cell_output_text(cell) == expected
+
+
+@pytest.mark.parametrize("folder", [NB_DIR, ZH_DIR], ids=["en", "zh"])
+def test_table_2_1_is_printed_in_full(folder):
+    nb = nbformat.read(folder / "06_compile.ipynb", as_version=4)
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for c in nb.cells
+        if c.cell_type == "markdown"
+        for line in c.source.splitlines()
+        if line.startswith("| ") and ("Mac Mini" in line or "H100 GPU" in line)
+    ]
+    printed = book_text.book_blocks()[61].text.splitlines()
+    printed = [row.split("\t") for row in printed]
+    assert len(printed) == 12 and all(len(r) == 4 for r in printed)
+    assert rows == printed
