@@ -1,11 +1,18 @@
-"""The book's listings typed in the chapter notebooks match the `utils` copies.
+"""The notebooks type the book's code as printed, and match the `utils` copies.
 
-Notebooks 02, 04 and 05 define Listings 2.1-2.4 in cells so the reader sees
-them; later notebooks import the same functions from `utils.device` and
-`utils.generation`. These tests pull the definitions out of the .ipynb files
-and check that both behave the same (same device and TF32 switches; same
-tokens and the same stop at the end-of-sequence token; the same printed
-statistics), so notebook and module cannot drift apart.
+Two kinds of checks. First, against the book's text (tests/data, via
+tests/book_text.py): Listings 2.1-2.6 and every other code block of the
+chapter are typed exactly as printed, apart from the documented differences;
+every "Book output" block is the book's output; checked cells that
+reproduce a printed output (tokenizer, shapes, architecture) print it; the
+root README carries section 2.2's commands.
+
+Second, notebooks 02, 04 and 05 define Listings 2.1-2.4 in cells so the
+reader sees them; later notebooks import the same functions from
+`utils.device` and `utils.generation`. These tests pull the definitions out
+of the .ipynb files and check that both behave the same (same device and
+TF32 switches; same tokens and the same stop at the end-of-sequence token;
+the same printed statistics), so notebook and module cannot drift apart.
 """
 
 import ast
@@ -273,94 +280,12 @@ def test_generate_stats_cuda_lines_are_identical(monkeypatch, capsys):
 # The book's text: listings, snippets and "Book output" blocks as printed
 # --------------------------------------------------------------------------
 # tests/data/book_listings.md holds the chapter's code and printed output,
-# block by block. Every difference a notebook may show is listed here as
-# (printed text, typed text); ch02/01_main-chapter-code/README.md gives the
-# reason for each. Anything else that differs from the book fails.
+# block by block; tests/book_text.py says where each code block is typed and
+# lists every documented difference as (printed text, typed text), and
+# ch02/01_main-chapter-code/README.md gives the reason for each. Anything
+# else that differs from the book fails.
 
 ZH_DIR = NB_DIR / "zh"
-BOOK_IMPORT = "from reasoning_from_scratch.qwen3 import download_qwen3_small"
-STANDIN_LINE = "if files.standin:  # stand-ins live elsewhere, never in qwen3/\n"
-DOCUMENTED: dict[int, list[tuple[str, str]]] = {
-    # Listing 2.1: the new TF32 settings from PyTorch 2.11 on (book package 0.2.0)
-    17: [
-        (
-            "            if (major, minor) >= (2, 9):",
-            "            # The printed listing has (2, 9); see the text above\n"
-            "            if (major, minor) >= (2, 11):",
-        )
-    ],
-    # utils.download: verified downloads, stand-ins, returns the paths
-    10: [
-        (
-            BOOK_IMPORT,
-            f"# The book: {BOOK_IMPORT}\nfrom utils.download import "
-            "download_qwen3_small",
-        ),
-        ("download_qwen3_small(", "files = download_qwen3_small("),
-    ],  # fmt: skip
-    20: [("download_qwen3_small(", "files = download_qwen3_small(")],
-    # Stand-ins never live in qwen3/: their paths come from `files`
-    12: [
-        (
-            '"tokenizer-base.json"\n',
-            f'"tokenizer-base.json"\n{STANDIN_LINE}    tokenizer_path = '
-            "files.tokenizer\n",
-        )
-    ],
-    22: [
-        (
-            '"qwen3-0.6B-base.pth"\n',
-            f'"qwen3-0.6B-base.pth"\n{STANDIN_LINE}    model_path = files.model\n',
-        )
-    ],
-    # Stand-in runs are short (random weights never stop at <|endoftext|>)
-    41: [
-        (
-            "max_new_tokens = 100\n",
-            "max_new_tokens = 100\nif files.standin:  # random weights: short "
-            "runs keep tests fast\n    max_new_tokens = 10\n",
-        )
-    ],
-}
-# Where each code block of the chapter is typed: a code cell of its own
-# ("cell", after the documented edits), one line of a cell that lets the
-# reader switch it on ("line"), or a fenced block in a markdown cell that
-# explains it ("markdown"). Section 2.2's commands are in the root README.
-TYPED = {
-    8: ("01_tokenizer.ipynb", "cell"),
-    10: ("01_tokenizer.ipynb", "cell"),
-    12: ("01_tokenizer.ipynb", "cell"),
-    13: ("01_tokenizer.ipynb", "cell"),
-    15: ("01_tokenizer.ipynb", "cell"),
-    17: ("02_load-model.ipynb", "listing"),
-    18: ("02_load-model.ipynb", "cell"),
-    19: ("02_load-model.ipynb", "line"),
-    20: ("02_load-model.ipynb", "cell"),
-    22: ("02_load-model.ipynb", "cell"),
-    24: ("03_next-token.ipynb", "cell"),
-    25: ("03_next-token.ipynb", "cell"),
-    27: ("03_next-token.ipynb", "cell"),
-    30: ("03_next-token.ipynb", "cell"),
-    32: ("03_next-token.ipynb", "cell"),
-    34: ("03_next-token.ipynb", "cell"),
-    36: ("03_next-token.ipynb", "cell"),
-    38: ("03_next-token.ipynb", "cell"),
-    40: ("04_generate.ipynb", "listing"),
-    41: ("04_generate.ipynb", "cell"),
-    43: ("04_generate.ipynb", "cell"),
-    44: ("04_generate.ipynb", "cell"),
-    46: ("04_generate.ipynb", "listing"),
-    47: ("04_generate.ipynb", "cell"),
-    49: ("05_kv-cache.ipynb", "listing"),
-    50: ("05_kv-cache.ipynb", "markdown"),
-    51: ("05_kv-cache.ipynb", "markdown"),
-    52: ("05_kv-cache.ipynb", "cell"),
-    54: ("06_compile.ipynb", "cell"),
-    55: ("06_compile.ipynb", "listing"),
-    57: ("06_compile.ipynb", "listing"),
-    59: ("06_compile.ipynb", "markdown"),
-    60: ("06_compile.ipynb", "line"),
-}
 # "Book output" blocks: each notebook shows exactly these, as printed.
 BOOK_OUTPUT_BLOCKS = {
     "01_tokenizer.ipynb": {9, 11, 14, 16},
@@ -388,15 +313,6 @@ LABEL = re.compile(
 )
 
 
-def typed(block: int) -> str:
-    """The book's block with this repository's documented edits applied."""
-    text = book_text.book_blocks()[block].text
-    for printed, ours in DOCUMENTED.get(block, []):
-        assert text.count(printed) == 1, f"block {block}: {printed!r} not unique"
-        text = text.replace(printed, ours)
-    return text
-
-
 def code_sources(path: Path) -> list[str]:
     """Code cells without nbval markers (as the reader's code reads)."""
     nb = nbformat.read(path, as_version=4)
@@ -416,12 +332,14 @@ def listing_cell(path: Path, n: int, label: str = "# Listing") -> str:
 @pytest.mark.parametrize("n", range(1, 7))
 def test_typed_listings_are_the_books(n):
     block = book_text.listing(n)
-    notebook, kind = TYPED[block.number]
+    notebook, kind = book_text.TYPED[block.number]
     assert kind == "listing"
     cell = listing_cell(NB_DIR / notebook, n)
     body = cell.split("\n", 1)[1]  # below the "# Listing 2.n ..." line
-    assert body == typed(block.number), "\n".join(
-        difflib.unified_diff(typed(block.number).splitlines(), body.splitlines())
+    assert body == book_text.typed(block.number), "\n".join(
+        difflib.unified_diff(
+            book_text.typed(block.number).splitlines(), body.splitlines()
+        )
     )
 
 
@@ -429,17 +347,19 @@ def test_every_code_block_of_the_book_is_typed():
     blocks = book_text.book_blocks()
     code_blocks = {n for n, b in blocks.items() if b.kind == "code"}
     readme = code_blocks & {n for n, b in blocks.items() if b.section == "2.2"}
-    assert set(TYPED) | readme == code_blocks
-    for n, (notebook, kind) in TYPED.items():
+    assert set(book_text.TYPED) | readme == code_blocks
+    for n, (notebook, kind) in book_text.TYPED.items():
         sources = code_sources(NB_DIR / notebook)
         if kind == "cell":
-            assert typed(n) in sources, f"block {n} is not a cell of {notebook}"
+            assert book_text.typed(n) in sources, (
+                f"block {n} is not a cell of {notebook}"
+            )
         elif kind == "line":
             lines = {ln.strip() for s in sources for ln in s.splitlines()}
-            assert typed(n) in lines, f"block {n} is not a line of {notebook}"
+            assert book_text.typed(n) in lines, f"block {n} is not a line of {notebook}"
         elif kind == "markdown":
             nb = nbformat.read(NB_DIR / notebook, as_version=4)
-            fence = f"```python\n{typed(n)}\n```"
+            fence = f"```python\n{book_text.typed(n)}\n```"
             assert any(fence in c.source for c in nb.cells if c.cell_type == "markdown")
 
 
@@ -493,13 +413,13 @@ def cell_output_text(cell) -> str:
 @pytest.mark.parametrize("output", sorted(CHECKED_BOOK_OUTPUTS))
 def test_checked_outputs_are_the_books(output):
     code_block, how = CHECKED_BOOK_OUTPUTS[output]
-    notebook, kind = TYPED[code_block]
+    notebook, kind = book_text.TYPED[code_block]
     nb = nbformat.read(NB_DIR / notebook, as_version=4)
     (cell,) = [
         c
         for c in nb.cells
         if c.cell_type == "code"
-        and c.source == f"# NBVAL_CHECK_OUTPUT\n{typed(code_block)}"
+        and c.source == f"# NBVAL_CHECK_OUTPUT\n{book_text.typed(code_block)}"
     ]
     expected = how(book_text.book_blocks()[output].text) + "\n"
     assert cell_output_text(cell) == expected

@@ -2,7 +2,9 @@
 
 Same code cells in the same order (comments may be translated), the same
 checked outputs, every notebook present, the markdown actually translated,
-and every chart label the notebooks pass to `chart_text` translated.
+every chart label the notebooks pass to `chart_text` translated, the book's
+listings under the Chinese edition's captions, and no hard line break
+between two CJK characters (it renders as a stray space).
 """
 
 from __future__ import annotations
@@ -15,12 +17,18 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from tests import book_text
 from utils.plotting import ZH_CHART_TEXT
 
 ROOT = Path(__file__).resolve().parents[1]
 EN_DIR = ROOT / "ch02" / "01_main-chapter-code"
 ZH_DIR = EN_DIR / "zh"
 CJK = re.compile(r"[\u4e00-\u9fff]")
+# CJK characters and punctuation: a line break between two of them renders
+# as a space in JupyterLab and on GitHub ("矩阵-向量 内核")
+_WIDE = "\u3000-\u303f\u4e00-\u9fff\uff00-\uffef"
+CJK_BREAK = re.compile(rf"[{_WIDE}]\n(?:> ?|[ \t]*)[{_WIDE}]")
+ZH_DOCS = [ROOT / "ch02" / "README.zh.md", EN_DIR / "README.zh.md"]
 
 
 def load_sync():
@@ -84,6 +92,59 @@ def test_zh_markdown_is_translated(en_path):
     assert untranslated == [], f"markdown cells still in English: {untranslated}"
     titles = [c.source for c in zh.cells if c.cell_type == "markdown"][:1]
     assert titles and CJK.search(titles[0]), "the first markdown cell is the title"
+
+
+def cjk_breaks(markdown: str) -> list[str]:
+    """Each hard line break between two CJK characters, outside code blocks."""
+    prose = re.sub(r"```.*?```", "", markdown, flags=re.S)
+    return [
+        prose[max(0, m.start() - 12) : m.end() + 12] for m in CJK_BREAK.finditer(prose)
+    ]
+
+
+@pytest.mark.parametrize("en_path", ENGLISH, ids=lambda p: p.stem)
+def test_zh_markdown_has_no_line_break_between_cjk_characters(en_path):
+    zh = nbformat.read(ZH_DIR / en_path.name, as_version=4)
+    breaks = [
+        f"{c.id}: {b!r}"
+        for c in zh.cells
+        if c.cell_type == "markdown"
+        for b in cjk_breaks(c.source)
+    ]
+    assert breaks == [], "join these lines (a break renders as a space)"
+
+
+@pytest.mark.parametrize("path", ZH_DOCS, ids=lambda p: p.parent.name)
+def test_zh_readmes_have_no_line_break_between_cjk_characters(path):
+    assert cjk_breaks(path.read_text(encoding="utf-8")) == []
+
+
+def test_cjk_break_check_finds_breaks_and_allows_the_rest():
+    assert cjk_breaks("矩阵-向量\n内核") == ["矩阵-向量\n内核"]
+    assert cjk_breaks("> 第一行，\n> 第二行") != []
+    assert cjk_breaks("  续行，\n  第二行") != []
+    assert cjk_breaks("段落一。\n\n段落二。") == []  # a paragraph break
+    assert cjk_breaks("中文 `code`\n中文") == []  # a space there is harmless
+    assert cjk_breaks("```text\n代码\n块\n```") == []
+
+
+@pytest.mark.parametrize("n", range(1, 7))
+def test_zh_listings_carry_the_editions_captions(n):
+    block = book_text.listing(n)
+    notebook, _ = book_text.TYPED[block.number]
+    zh = nbformat.read(ZH_DIR / notebook, as_version=4)
+    cells = [
+        c.source
+        for c in zh.cells
+        if c.cell_type == "code" and c.source.startswith(f"# 清单 2.{n} ")
+    ]
+    assert len(cells) == 1, f"zh/{notebook}: one cell must start with # 清单 2.{n}"
+    head, body = cells[0].split("\n", 1)
+    assert head == f"# {block.caption}"
+    # Only this repository's own comments may be translated
+    assert sync.strip_comments(body) == sync.strip_comments(
+        book_text.typed(block.number)
+    )
 
 
 def chart_text_literals(source: str) -> list[str]:
