@@ -23,6 +23,11 @@ class Resource:
     honour_range: answer Range requests with 206 (else always 200, full body).
     body: bytes actually sent (defaults to `data`), to play a lying server.
     delay: seconds to pause after each 64 kB of body (a slow link).
+    statuses: for the n-th GET (in order), answer this status with an empty
+        body (and `headers`); None entries, and GETs after the list, serve.
+    trickle: for the first `trickle_gets` GETs, send one byte every `trickle`
+        seconds (slow-loris), the headers too if `trickle_headers`; after
+        `trickle_for` seconds the connection is closed.
     """
 
     data: bytes = b""
@@ -33,6 +38,11 @@ class Resource:
     honour_range: bool = True
     body: bytes | None = None
     delay: float = 0.0
+    statuses: list[int | None] = field(default_factory=list)
+    trickle: float = 0.0
+    trickle_headers: bool = False
+    trickle_gets: int = 1
+    trickle_for: float = 10.0
 
 
 @dataclass
@@ -96,15 +106,20 @@ class FakeHost:
                 Seen(h.command, h.path, {k.lower(): v for k, v in h.headers.items()})
             )
             res = self.resources.get(h.path)
-            drop = None
-            if res is not None and not head and res.drop_after:
-                drop = res.drop_after.pop(0)
+            drop = answer = None
+            trickle = 0.0
+            if res is not None and not head:
+                drop = res.drop_after.pop(0) if res.drop_after else None
+                answer = res.statuses.pop(0) if res.statuses else None
+                if res.trickle and res.trickle_gets > 0:
+                    res.trickle_gets -= 1
+                    trickle = res.trickle
         if res is None:
             return self._send_empty(h, 404, {})
         if res.redirect is not None:
             return self._send_empty(h, 302, {**res.headers, "Location": res.redirect})
-        if res.status != 200:
-            return self._send_empty(h, res.status, res.headers)
+        if answer is not None or res.status != 200:
+            return self._send_empty(h, answer or res.status, res.headers)
 
         body = res.data if res.body is None else res.body
         total = len(res.data)
@@ -116,16 +131,22 @@ class FakeHost:
                 return self._send_empty(h, 416, {"Content-Range": f"bytes */{total}"})
             status = 206
         payload = body[start:]
-        h.send_response(status)
-        for k, v in res.headers.items():
-            h.send_header(k, v)
-        h.send_header("Accept-Ranges", "bytes")
+        headers = {**res.headers, "Accept-Ranges": "bytes"}
         if status == 206:
-            h.send_header("Content-Range", f"bytes {start}-{total - 1}/{total}")
-        h.send_header("Content-Length", str(total - start))
+            headers["Content-Range"] = f"bytes {start}-{total - 1}/{total}"
+        headers["Content-Length"] = str(total - start)
+        if trickle and res.trickle_headers:
+            lines = [f"{k}: {v}" for k, v in headers.items()]
+            raw = "\r\n".join([f"HTTP/1.1 {status} OK", *lines, "", ""]).encode()
+            return self._dribble(h, raw + payload, trickle, res.trickle_for)
+        h.send_response(status)
+        for k, v in headers.items():
+            h.send_header(k, v)
         h.end_headers()
         if head:
             return
+        if trickle:
+            return self._dribble(h, payload, trickle, res.trickle_for)
         if drop is not None:
             h.wfile.write(payload[:drop])
             h.wfile.flush()
@@ -138,6 +159,24 @@ class FakeHost:
             h.wfile.write(payload[i : i + (1 << 16)])
             h.wfile.flush()
             time.sleep(res.delay)
+
+    @staticmethod
+    def _dribble(
+        h: BaseHTTPRequestHandler, data: bytes, every: float, limit: float
+    ) -> None:
+        """Send `data` one byte every `every` seconds for at most `limit`
+        seconds, then close the connection (slow-loris)."""
+        h.close_connection = True
+        end = time.monotonic() + limit
+        try:
+            for i in range(len(data)):
+                if time.monotonic() > end:
+                    return
+                h.wfile.write(data[i : i + 1])
+                h.wfile.flush()
+                time.sleep(every)
+        except OSError:  # the client gave up: what the test wants
+            return
 
     @staticmethod
     def _send_empty(h: BaseHTTPRequestHandler, status: int, headers: dict) -> None:

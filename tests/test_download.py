@@ -728,6 +728,7 @@ def run_child(out: Path, env: dict, mode: str = "", what: str = "all"):
     )
 
 
+@pytest.mark.slow
 def test_two_processes_share_one_folder(hosts, payloads, tmp_path):
     hub, cdn, mirror = hosts
     hub.resources[HUB_PREFIX + TOK].delay = 0.3  # slow: the runs overlap
@@ -744,6 +745,7 @@ def test_two_processes_share_one_folder(hosts, payloads, tmp_path):
     assert mirror.seen() == [] and leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_hub_file_finished_before_a_kill_is_not_fetched_again(
     hosts, payloads, tmp_path
 ):
@@ -828,6 +830,7 @@ def test_hub_server_ignoring_range_and_dropping_is_abandoned(
     assert len(mirror.seen("GET", MODEL)) == 1
 
 
+@pytest.mark.slow
 def test_notebook_run_under_nbval_leaves_real_downloads_alone(
     hosts, payloads, tmp_path, tmp_path_factory
 ):
@@ -863,3 +866,431 @@ def test_notebook_run_under_nbval_leaves_real_downloads_alone(
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "passed" in result.stdout
     assert snapshot(real) == before
+
+
+# --------------------------------------------------------------------------
+# Every wait bounded: slow-loris, rate limits, the Hub's timeout, leftovers
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def quick_stall(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stall rule at test scale: at least 1 kB in every second."""
+    monkeypatch.setattr(download, "_STALL_WINDOW", 1.0)
+    monkeypatch.setattr(download, "_STALL_MIN_BYTES", 1024)
+    monkeypatch.setenv(download.TIMEOUT_ENV, "0.5")  # a byte every 0.1 s passes
+
+
+def source_lines(out: str, name: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith(f"{name}: ")]
+
+
+def failed_lines(out: str, name: str) -> list[str]:
+    return [line for line in source_lines(out, name) if " failed: " in line]
+
+
+@pytest.mark.parametrize("phase", ["headers", "body"])
+def test_slow_loris_on_the_hub_cdn_fails_over_to_the_mirror(
+    hosts, payloads, tmp_path, capsys, quick_stall, phase
+):
+    """A CDN sending a byte every 0.1 s never trips a per-read timeout; the
+    stall rule ends it after about a second and the mirror delivers."""
+    import time
+
+    hub, cdn, mirror = hosts
+    res = cdn.resources[f"/cdn/{MODEL}"]
+    res.trickle, res.trickle_headers, res.trickle_gets = 0.1, phase == "headers", 3
+    start = time.monotonic()
+    files = download_qwen3_small("base", out_dir=tmp_path)
+    elapsed = time.monotonic() - start
+    assert_real(files, payloads)
+    assert mirror.seen("GET", MODEL) and len(cdn.seen("GET", MODEL)) == 1
+    [failed] = [
+        line
+        for line in source_lines(capsys.readouterr().out, MODEL)
+        if "failed" in line
+    ]
+    assert "Hugging Face Hub" in failed and "too slow" in failed
+    assert " B/s" in failed and "1.0 kB per 1 s" in failed
+    assert elapsed < 6, elapsed
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("phase", ["headers", "body"])
+def test_slow_loris_on_the_mirror_ends_with_one_line(
+    hosts, payloads, tmp_path, capsys, quick_stall, phase
+):
+    import time
+
+    hub, cdn, mirror = hosts
+    hub.resources.clear()
+    res = mirror.resources[MIRROR_PREFIX + TOK]
+    res.trickle, res.trickle_headers, res.trickle_gets = 0.1, phase == "headers", 3
+    start = time.monotonic()
+    with pytest.raises(DownloadError) as err:
+        download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
+    elapsed = time.monotonic() - start
+    assert elapsed < 6, elapsed
+    assert len(mirror.seen("GET", TOK)) == 1  # no retry of a stalled source
+    hub_failed, failed = failed_lines(capsys.readouterr().out, TOK)
+    assert "HTTP 404" in hub_failed
+    assert "backup mirror" in failed and "too slow" in failed and "B/s" in failed
+    assert "too slow" in err.value.attempts[-1][1]
+    assert not (tmp_path / TOK).exists()
+
+
+def fake_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Record the sleeps huggingface_hub's HTTP retries ask for, without
+    sleeping (only that module's `time` is replaced)."""
+    import time as real_time
+    import types
+
+    import huggingface_hub.utils._http as hub_http
+
+    sleeps: list[float] = []
+    fake = types.SimpleNamespace(**vars(real_time))
+    fake.sleep = sleeps.append
+    monkeypatch.setattr(hub_http, "time", fake)
+    return sleeps
+
+
+def test_retry_after_an_hour_is_not_waited_for(
+    hosts, payloads, tmp_path, capsys, monkeypatch
+):
+    hub, cdn, mirror = hosts
+    sleeps = fake_sleeps(monkeypatch)
+    res = cdn.resources[f"/cdn/{MODEL}"]
+    res.status, res.headers["Retry-After"] = 429, "3600"
+    files = download_qwen3_small("base", out_dir=tmp_path)
+    assert_real(files, payloads)  # from the mirror
+    assert mirror.seen("GET", MODEL)
+    assert max(sleeps, default=0) <= download._MAX_RATE_WAIT, sleeps
+    assert len(cdn.seen("GET", MODEL)) == 1
+    [failed] = [
+        line
+        for line in source_lines(capsys.readouterr().out, MODEL)
+        if "failed" in line
+    ]
+    assert "HTTP 429" in failed and "asks to wait 3600 s" in failed
+    assert "try again after" in failed
+
+
+def test_rate_limit_with_both_sources_down_says_when_to_try_again(
+    hosts, tmp_path, monkeypatch
+):
+    hub, cdn, mirror = hosts
+    fake_sleeps(monkeypatch)
+    mirror.resources.clear()
+    res = cdn.resources[f"/cdn/{MODEL}"]
+    res.status, res.headers["Retry-After"] = 429, "3600"
+    with pytest.raises(DownloadError) as err:
+        download_qwen3_small("base", out_dir=tmp_path)
+    assert "try again after" in str(err.value)
+
+
+def test_short_rate_limits_are_waited_for_within_the_allowance(
+    hosts, payloads, tmp_path, monkeypatch
+):
+    """Retry-After: 2 is honoured (huggingface_hub sleeps 3 s) while the
+    waits add up to at most `_MAX_RATE_WAIT`; the next one ends the Hub."""
+    hub, cdn, mirror = hosts
+    sleeps = fake_sleeps(monkeypatch)
+    monkeypatch.setattr(download, "_MAX_RATE_WAIT", 5.0)
+    res = cdn.resources[f"/cdn/{MODEL}"]
+    res.headers["Retry-After"] = "2"
+    res.statuses = [429]
+    files = download_qwen3_small("base", out_dir=tmp_path)
+    assert_real(files, payloads)
+    assert sleeps == [3.0] and not mirror.seen("GET", MODEL)  # the Hub, after 3 s
+
+    res.statuses = [429, 429, 429]
+    sleeps.clear()
+    out = tmp_path / "second"
+    files = download_qwen3_small("base", out_dir=out)
+    assert_real(files, payloads)
+    assert sleeps == [3.0, 3.0] and mirror.seen("GET", MODEL)  # 2 + 2 + 2 > 5
+
+
+def test_download_timeout_governs_the_hub_transfer(
+    hosts, payloads, tmp_path, monkeypatch
+):
+    """QWEN3_DOWNLOAD_TIMEOUT reaches huggingface_hub's GET (it reads its
+    own HF_HUB_DOWNLOAD_TIMEOUT once, at import)."""
+    import time
+
+    hub, cdn, mirror = hosts
+    monkeypatch.setenv(download.TIMEOUT_ENV, "0.5")
+    fake_sleeps(monkeypatch)
+    monkeypatch.setattr(huggingface_hub.file_download.time, "sleep", lambda s: None)
+    real = huggingface_hub.file_download.http_stream_backoff
+    timeouts: list[float] = []
+
+    def spy(*args, **kwargs):
+        timeouts.append(kwargs["timeout"])
+        if kwargs["timeout"] != 0.5:  # fail fast instead of 6 x 10 s
+            raise RuntimeError(f"GET with timeout {kwargs['timeout']}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(huggingface_hub.file_download, "http_stream_backoff", spy)
+    with SilentHost() as silent:
+        hub.resources[HUB_PREFIX + MODEL].redirect = f"{silent.url}/cdn/{MODEL}"
+        start = time.monotonic()
+        files = download_qwen3_small("base", out_dir=tmp_path)
+        elapsed = time.monotonic() - start
+    assert_real(files, payloads)  # from the mirror
+    assert timeouts and set(timeouts) == {0.5}, timeouts
+    assert elapsed < 8, elapsed
+    assert huggingface_hub.constants.HF_HUB_DOWNLOAD_TIMEOUT == 10  # restored
+
+
+DISK_FULL_CHILD = """
+import resource, signal, sys
+from tests.tiny import tiny_config
+from utils import download, provenance
+provenance.MODEL_CONFIG = tiny_config()
+provenance.TOKENIZER_VOCAB = int(sys.argv[2])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes fail with EFBIG instead
+limit = int(sys.argv[3])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+download.download_qwen3_small("base", out_dir=sys.argv[1])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.name != "posix", reason="RLIMIT_FSIZE is POSIX")
+def test_part_file_left_by_a_full_disk_goes_once_the_hub_delivers(
+    hosts, payloads, tmp_path, monkeypatch
+):
+    import subprocess
+    import sys
+
+    hub, cdn, mirror = hosts
+    limit = len(payloads[TOK]) + 100_000  # the tokenizer fits, the weights not
+    assert limit < len(payloads[MODEL])
+    env = child_env(hub, mirror)
+    env["HF_ENDPOINT"] = closed_port_url()  # first run: the Hub is down
+    proc = subprocess.run(
+        [sys.executable, "-c", DISK_FULL_CHILD, str(tmp_path), str(VOCAB), str(limit)],
+        env=env, cwd=Path(__file__).resolve().parents[1],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    part = tmp_path / f"{MODEL}.part"
+    assert 0 < part.stat().st_size <= limit  # kept: a resume can use it
+    files = download_qwen3_small("base", out_dir=tmp_path)  # the Hub is up now
+    assert_real(files, payloads)
+    assert cdn.seen("GET", MODEL) and not part.exists()
+    assert leftovers(tmp_path) == []
+    [failed] = [line for line in failed_lines(proc.stdout, MODEL) if "mirror" in line]
+    assert failed.endswith("failed: file too large for this system's file size limit")
+
+
+def test_leftovers_beside_a_verified_file_go(hosts, payloads, tmp_path):
+    download_qwen3_small("base", out_dir=tmp_path)
+    (tmp_path / f"{MODEL}.part").write_bytes(b"x" * 1000)
+    (tmp_path / f".{MODEL}.hub").mkdir()
+    files = download_qwen3_small("base", out_dir=tmp_path)
+    assert_real(files, payloads)
+    assert leftovers(tmp_path) == []
+
+
+# --------------------------------------------------------------------------
+# The first failure a reader meets: what it says and what it leaves
+# --------------------------------------------------------------------------
+
+
+def test_source_lines_name_the_cause_in_a_few_words(monkeypatch, tmp_path, capsys):
+    monkeypatch.delenv("QWEN3_STANDIN", raising=False)
+    hub_url, mirror_url = closed_port_url(), closed_port_url()
+    monkeypatch.setenv("HF_ENDPOINT", hub_url)
+    with pytest.raises(DownloadError) as err:
+        download_qwen3_small("base", out_dir=tmp_path, backup_url=mirror_url)
+    hub_line, mirror_line = failed_lines(capsys.readouterr().out, TOK)
+    host_port = hub_url.removeprefix("http://")
+    assert hub_line == (
+        f"{TOK}: Hugging Face Hub (HF_ENDPOINT={hub_url}) failed: "
+        f"connection refused by {host_port}"
+    )
+    assert mirror_line.endswith(
+        f"failed: connection refused by {mirror_url.removeprefix('http://')}"
+    )
+    assert [msg for _, msg in err.value.attempts] == [
+        f"connection refused by {host_port}",
+        f"connection refused by {mirror_url.removeprefix('http://')}",
+    ]
+
+
+def test_unresolvable_hosts_are_named(monkeypatch, tmp_path, capsys):
+    import socket
+
+    monkeypatch.delenv("QWEN3_STANDIN", raising=False)
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+
+    def no_dns(host, *args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    with pytest.raises(DownloadError) as err:
+        download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
+    assert [msg for _, msg in err.value.attempts] == [
+        "cannot resolve huggingface.co",
+        "cannot resolve f001.backblazeb2.com",
+    ]
+    out = capsys.readouterr().out
+    assert f"{TOK}: Hugging Face Hub (https://huggingface.co) failed: " in out
+
+
+def test_silent_hosts_are_reported_as_timed_out(monkeypatch, tmp_path):
+    monkeypatch.delenv("QWEN3_STANDIN", raising=False)
+    monkeypatch.setenv(download.TIMEOUT_ENV, "0.5")
+    monkeypatch.setattr(download, "_BACKOFF", 0.01)
+    with SilentHost() as silent:
+        monkeypatch.setenv("HF_ENDPOINT", silent.url)
+        with pytest.raises(DownloadError) as err:
+            download_qwen3_small(
+                "base", tokenizer_only=True, out_dir=tmp_path, backup_url=silent.url
+            )
+    assert [msg for _, msg in err.value.attempts] == [
+        "timed out after 0.5 s (no answer from 127.0.0.1)"
+    ] * 2
+
+
+def test_hint_gives_the_import_command_for_the_folder_asked_for(monkeypatch, tmp_path):
+    monkeypatch.delenv("QWEN3_STANDIN", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", closed_port_url())
+    out = tmp_path / "notebooks" / "qwen3"
+    with pytest.raises(DownloadError) as err:
+        download_qwen3_small("base", out_dir=out, backup_url=closed_port_url())
+    message = str(err.value)
+    assert (
+        "uv run python -m utils.hf_interop import-qwen3 FOLDER --kind base "
+        f"--out-dir {out.absolute()}"
+    ) in message
+    assert "Qwen/Qwen3-0.6B-Base" in message
+    assert "Notebook 01 also loads the reasoning tokenizer" in message
+    assert "--kind reasoning" in message
+
+
+def test_failed_download_leaves_no_folder_and_no_lock(monkeypatch, tmp_path):
+    monkeypatch.delenv("QWEN3_STANDIN", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", closed_port_url())
+    new = tmp_path / "a" / "qwen3"
+    with pytest.raises(DownloadError):
+        download_qwen3_small("base", out_dir=new, backup_url=closed_port_url())
+    assert not (tmp_path / "a").exists()  # both folders this call made
+    mine = tmp_path / "mine"
+    mine.mkdir()  # the reader's own folder stays, without a lock file
+    with pytest.raises(DownloadError):
+        download_qwen3_small("base", out_dir=mine, backup_url=closed_port_url())
+    assert mine.is_dir() and list(mine.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_process_waiting_on_a_failed_download_carries_on(hosts, payloads, tmp_path):
+    """The failing holder removes the lock file and its empty folder; a
+    process that was waiting on the lock then takes it and downloads."""
+    hub, cdn, mirror = hosts
+    out = tmp_path / "qwen3"
+    out.mkdir()
+    env = {**child_env(hub, mirror), "PYTHONUNBUFFERED": "1"}
+    with pytest.raises(RuntimeError, match="holder fails"):
+        with download._exclusive(out, TOK):
+            child = run_child(out, env, what="tok")
+            assert "waiting" in child.stdout.readline()
+            raise RuntimeError("holder fails")
+    assert not (out / download.LOCK_NAME).exists()
+    out.rmdir()  # what download_qwen3_small does with a folder it made
+    rest = child.communicate(timeout=120)[0]
+    assert child.returncode == 0, rest
+    assert (out / TOK).read_bytes() == payloads[TOK] and is_verified(out / TOK)
+
+
+PLAIN_CHILD = """
+import sys
+from utils.download import download_qwen3_small
+download_qwen3_small("base", out_dir=sys.argv[1])
+"""
+
+
+def offline_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QWEN3_")}
+    env.update(
+        HF_ENDPOINT=closed_port_url(),
+        QWEN3_BACKUP_URL=closed_port_url(),
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+    )
+    return env
+
+
+@pytest.mark.slow
+def test_plain_python_shows_a_short_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", PLAIN_CHILD, str(tmp_path / "qwen3")],
+        env=offline_env(tmp_path), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    err = proc.stderr
+    assert err.count('  File "') <= 2, err  # the call and download_qwen3_small
+    assert "During handling" not in err and "_ensure_file" not in err
+    assert "utils.download.DownloadError: Could not download tokenizer-base.json" in err
+    assert "What you can try:" in err
+
+
+@pytest.mark.slow
+def test_ipython_shows_only_the_message(tmp_path):
+    """IPython (and so Jupyter) honours `_render_traceback_`: the reader sees
+    the message, not the frames."""
+    import subprocess
+    import sys
+
+    code = PLAIN_CHILD.replace("sys.argv[1]", repr(str(tmp_path / "qwen3")))
+    proc = subprocess.run(
+        [sys.executable, "-m", "IPython", "--no-banner", "--colors=nocolor",
+         "--HistoryManager.enabled=False", "-c", code],
+        env=offline_env(tmp_path), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    shown = proc.stdout + proc.stderr
+    assert "DownloadError: Could not download tokenizer-base.json" in shown, shown
+    assert "Traceback" not in shown and 'File "' not in shown, shown
+    assert "What you can try:" in shown
+
+
+# --------------------------------------------------------------------------
+# Progress in a log: one line per phase
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source", ["hub", "mirror"])
+def test_progress_without_a_terminal_is_one_line_per_phase(
+    hosts, payloads, tmp_path, capsys, monkeypatch, source
+):
+    hub, cdn, mirror = hosts
+    monkeypatch.setenv("TQDM_POSITION", "-1")  # hub bars on although no TTY
+    if source == "mirror":
+        hub.resources.clear()
+    download_qwen3_small("base", out_dir=tmp_path)
+    err = capsys.readouterr().err
+    assert "\r" not in err  # no bar redrawn with carriage returns
+    for name in (TOK, MODEL):
+        lines = [line for line in err.splitlines() if line.startswith(f"{name}: ")]
+        assert len(lines) == 2, err
+        assert lines[0].startswith(f"{name}: downloading ")
+        assert lines[1].startswith(f"{name}: 100% of ") and " s (" in lines[1]
+
+
+def test_progress_on_a_terminal_stays_a_bar():
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    bar = download._progress_class(None)(total=1000, file=stream, desc="x.json")
+    for _ in range(10):
+        bar.update(100)
+    bar.close()
+    assert "\r" in stream.getvalue() and "downloading" not in stream.getvalue()

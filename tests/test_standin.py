@@ -63,6 +63,7 @@ def test_bad_kind(tmp_path, cache):
         standin.write_standin_weights(tmp_path / "w.pth", "chat", cfg=TINY)
 
 
+@pytest.mark.slow
 def test_06b_build_is_cached(tmp_path, cache, monkeypatch):
     """The 0.6B build happens once; later calls only link the cached file."""
     calls = []

@@ -542,14 +542,15 @@ def _watch(label: str, timeout: float) -> StallWatch:
     return StallWatch(label, max(_STALL_WINDOW, 2 * timeout), _STALL_MIN_BYTES)
 
 
-def _progress_class(watch: StallWatch | None) -> type:
+def _progress_class(watch: StallWatch | None, name: str | None = None) -> type:
     """A huggingface_hub progress bar class (so the library's switches that
     turn bars off still apply) that feeds `watch`, ends a transfer whose
     server ignores HTTP Range and keeps dropping the connection (the library
     would restart from byte 0 for as long as some bytes arrive each time),
     and, when its stream is not a terminal (a log file, CI), prints one line
     when it starts and one when it ends instead of a bar redrawn with
-    carriage returns. In Jupyter the usual widget stays."""
+    carriage returns (naming the file `name`). In Jupyter the usual widget
+    stays."""
     from huggingface_hub.utils import are_progress_bars_disabled
     from huggingface_hub.utils import tqdm as hub_tqdm
 
@@ -566,7 +567,7 @@ def _progress_class(watch: StallWatch | None) -> type:
             self._count = int(kwargs.get("initial") or 0)
             self._started = time.monotonic()
             self._ended = False
-            self._label = kwargs.get("desc") or "download"
+            self._label = name or kwargs.get("desc") or "download"
             self._stream = kwargs.get("file") or sys.stderr
             super().__init__(*args, **kwargs)
             if self._lines:
@@ -759,7 +760,7 @@ def _from_hub(url: str, dest: Path, endpoint: str, timeout: float, label: str) -
                     local_dir=staging,
                     endpoint=endpoint,
                     etag_timeout=timeout,
-                    tqdm_class=_progress_class(watch),
+                    tqdm_class=_progress_class(watch, dest.name),
                 )
             )
     except BaseException:
