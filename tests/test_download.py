@@ -980,12 +980,18 @@ def test_rate_limit_with_both_sources_down_says_when_to_try_again(
 ):
     hub, cdn, mirror = hosts
     fake_sleeps(monkeypatch)
-    mirror.resources.clear()
-    res = cdn.resources[f"/cdn/{MODEL}"]
-    res.status, res.headers["Retry-After"] = 429, "3600"
+    for res in (
+        cdn.resources[f"/cdn/{MODEL}"],
+        mirror.resources[MIRROR_PREFIX + MODEL],
+    ):
+        res.status, res.headers["Retry-After"] = 429, "3600"
     with pytest.raises(DownloadError) as err:
         download_qwen3_small("base", out_dir=tmp_path)
-    assert "try again after" in str(err.value)
+    hub_says, mirror_says = (msg for _, msg in err.value.attempts)
+    assert hub_says.startswith("127.0.0.1 is rate-limiting this machine (HTTP 429)")
+    assert mirror_says.startswith("HTTP 429 Too Many Requests from 127.0.0.1; it ")
+    for says in (hub_says, mirror_says):
+        assert "asks to wait 3600 s; try again after" in says
 
 
 def test_short_rate_limits_are_waited_for_within_the_allowance(

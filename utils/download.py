@@ -111,8 +111,8 @@ def local_files(
 def _hints(out_dir: str | os.PathLike, kind: str) -> str:
     official = "Qwen3-0.6B-Base" if kind == "base" else "Qwen3-0.6B"
     also = (
-        "\n    Notebook 01 also loads the reasoning tokenizer: import Qwen3-0.6B"
-        "\n    the same way with --kind reasoning too."
+        "\n    Notebook 01 also loads the reasoning tokenizer: import Qwen3-0.6B the"
+        "\n    same way, with --kind reasoning."
         if kind == "base"
         else ""
     )
@@ -134,8 +134,8 @@ What you can try:
   * Slow network: allow more seconds of silence, e.g. QWEN3_DOWNLOAD_TIMEOUT=60
     (it applies to both sources).
   * The official checkpoints (Qwen/Qwen3-0.6B-Base, Qwen/Qwen3-0.6B) are also on
-    ModelScope (modelscope.cn). Download the Qwen/{official} folder, then convert
-    it into the book's verified files (run this in the repository):
+    ModelScope (modelscope.cn). Download the Qwen/{official} folder and
+    convert it into the book's verified files (in the repository):
       {command}{also}
   * Offline testing only: QWEN3_STANDIN=1 writes stand-ins instead, i.e. the real
     tokenizer and RANDOM weights of the real shape (gibberish text, NOT the model)."""
@@ -388,7 +388,9 @@ def _host(chain: list[BaseException], url: str) -> str:
     return urlsplit(url).hostname or url
 
 
-def _http_status(chain: list[BaseException]) -> str | None:
+def _http_status(chain: list[BaseException], host: str) -> str | None:
+    """ "HTTP 404 Not Found from <host>" for the first error that carries a
+    response (with when to try again, if a 429/503 says)."""
     for e in chain:
         response = getattr(e, "response", None)
         code = getattr(response, "status_code", None)
@@ -396,7 +398,9 @@ def _http_status(chain: list[BaseException]) -> str | None:
             reason = getattr(response, "reason_phrase", None) or getattr(
                 response, "reason", ""
             )
-            return f"HTTP {code} {reason or ''}".strip()
+            text = f"HTTP {code} {reason or ''}".strip() + f" from {host}"
+            wait = _retry_after(response.headers) if code in (429, 503) else None
+            return text if wait is None else f"{text}; it {_wait_text(wait)}"
     return None
 
 
@@ -432,9 +436,9 @@ def describe_error(exc: BaseException, url: str, timeout: float) -> str:
         return f"timed out after {timeout:g} s (no answer from {host})"
     if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
         return f"the TLS certificate of {host} is not trusted (see the CA hint below)"
-    status = _http_status(chain)
+    status = _http_status(chain, host)
     if status:
-        return f"{status} from {host}"
+        return status
     if any(isinstance(e, ConnectionResetError) for e in chain):
         return f"connection reset by {host}"
     inner = chain[-1] if chain else exc
@@ -651,6 +655,12 @@ def _retry_after(headers: Any) -> float | None:
     return None
 
 
+def _wait_text(wait: float) -> str:
+    """ "asks to wait N s; try again after HH:MM (local time)"."""
+    when = time.strftime("%H:%M", time.localtime(time.time() + wait))
+    return f"asks to wait {wait:.0f} s; try again after {when} (local time)"
+
+
 class _HubGuard:
     """Event hooks for huggingface_hub's HTTP client during one transfer: no
     new request once the watch tripped, the connection registered with the
@@ -676,11 +686,14 @@ class _HubGuard:
         if wait is None:
             return  # the library's own backoff: a few seconds
         if wait > self.allowance:
-            when = time.strftime("%H:%M", time.localtime(time.time() + wait))
+            what = (
+                "is rate-limiting this machine"
+                if response.status_code == 429
+                else "is unavailable"
+            )
             raise SourceGaveUp(
-                f"{response.request.url.host} is rate-limiting this machine "
-                f"(HTTP {response.status_code}) and asks to wait {wait:.0f} s; "
-                f"try again after {when} (local time)"
+                f"{response.request.url.host} {what} (HTTP {response.status_code}) "
+                f"and {_wait_text(wait)}"
             )
         self.allowance -= wait + 1
         self.watch.pause(wait + 1)  # huggingface_hub sleeps wait + 1 s
