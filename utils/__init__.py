@@ -5,8 +5,9 @@ Nothing here runs at import time; import the module you need.
 What the notebooks import (the chapter itself):
     device         get_device() as in Listing 2.1, plus an environment summary
     download       download_qwen3_small(): Hugging Face, then the book's mirror;
-                   content checks, verification records, one download per folder
+                   resume, bounded waits, one download per folder
     standin        offline stand-ins (real tokenizer, random 0.6B-shaped weights)
+    provenance     verification records, stand-in markers, content checks
     generation     Listings 2.2-2.4 and generate_stats() (Listing 2.3)
     compile        torch.compile the book's way, with an eager fallback and hints
     token_view     token tables and next-token views (no widgets)
