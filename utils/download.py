@@ -318,7 +318,7 @@ def _ensure_file(out: Path, name: str, endpoint: str, backup: str) -> None:
         print(f"{dest}: already downloaded and verified")
         return
     with _exclusive(out, name):
-        if verified or is_verified(dest):  # or another process finished it
+        if is_verified(dest):  # already, or another process finished it
             _remove_leftovers(dest)
             print(
                 f"{dest}: already downloaded and verified"
@@ -347,7 +347,7 @@ def _download(dest: Path, endpoint: str, backup: str) -> None:
         if attempts:
             print(f"{name}: trying the {label} ({url})")
         try:
-            check = fetch(url, dest, endpoint, timeout, label)
+            check = fetch(url, dest, endpoint, timeout)
         except Exception as exc:  # noqa: BLE001 - each source's error is reported
             attempts.append((url, describe_error(exc, url, timeout)))
             print(f"{name}: {label} ({where}) failed: {attempts[-1][1]}")
@@ -458,8 +458,8 @@ class StallWatch:
     connection, waking the blocked read) and every later `check()` raises
     `SourceGaveUp` with the rate seen. `pause(s)` exempts an announced wait."""
 
-    def __init__(self, label: str, window: float, min_bytes: int) -> None:
-        self.label, self.window, self.min_bytes = label, window, min_bytes
+    def __init__(self, window: float, min_bytes: int) -> None:
+        self.window, self.min_bytes = window, min_bytes
         self.verdict: str | None = None
         self._events: deque[tuple[float, int]] = deque()
         self._since = time.monotonic()
@@ -541,9 +541,9 @@ def _shutdown(sock: socket.socket | None) -> None:
             sock.shutdown(socket.SHUT_RDWR)
 
 
-def _watch(label: str, timeout: float) -> StallWatch:
+def _watch(timeout: float) -> StallWatch:
     # a reader who allows more seconds of silence gets a longer window too
-    return StallWatch(label, max(_STALL_WINDOW, 2 * timeout), _STALL_MIN_BYTES)
+    return StallWatch(max(_STALL_WINDOW, 2 * timeout), _STALL_MIN_BYTES)
 
 
 def _progress_class(watch: StallWatch | None, name: str | None = None) -> type:
@@ -665,7 +665,9 @@ class _HubGuard:
     """Event hooks for huggingface_hub's HTTP client during one transfer: no
     new request once the watch tripped, the connection registered with the
     watch, and a rate limit that asks to wait longer than the download's
-    remaining allowance ends the source instead of a sleep of hours."""
+    remaining allowance ends the source instead of a sleep of hours (the
+    library's `_http_backoff_base` in `huggingface_hub/utils/_http.py`
+    sleeps Retry-After + 1 s, up to 5 times, for the GET of a file too)."""
 
     def __init__(self, watch: StallWatch) -> None:
         self.watch = watch
@@ -747,7 +749,7 @@ def _hub_settings(timeout: float, guard: _HubGuard) -> Iterator[None]:
             setattr(constants, key, value)
 
 
-def _from_hub(url: str, dest: Path, endpoint: str, timeout: float, label: str) -> str:
+def _from_hub(url: str, dest: Path, endpoint: str, timeout: float) -> str:
     """Fetch `dest.name` with huggingface_hub into `.<name>.hub/` beside it,
     check it against the size and ETag the Hub announced, then install it.
 
@@ -761,7 +763,7 @@ def _from_hub(url: str, dest: Path, endpoint: str, timeout: float, label: str) -
     staging = dest.with_name(f".{dest.name}.hub")
     for leftover in staging.rglob("*.incomplete"):  # from a killed run
         leftover.unlink(missing_ok=True)
-    watch = _watch(label, timeout)
+    watch = _watch(timeout)
     try:
         with watch, _hub_settings(timeout, _HubGuard(watch)):
             meta = get_hf_file_metadata(url, endpoint=endpoint, timeout=timeout)
@@ -819,23 +821,21 @@ def _announced_sha1(headers: Any) -> str | None:
     return None
 
 
-def _from_backup(
-    url: str, dest: Path, endpoint: str, timeout: float, label: str
-) -> str:
+def _from_backup(url: str, dest: Path, endpoint: str, timeout: float) -> str:
     """Download `url` into `<name>.part` (resuming with Range), check size,
     announced sha1 and content, then install it. A fresh start is tried once
     if a resumed file fails the check."""
     part = dest.with_name(dest.name + ".part")
     resumed = part.is_file() and part.stat().st_size > 0
     try:
-        with _watch(label, timeout) as watch:
+        with _watch(timeout) as watch:
             total, sha1 = _fetch_resumable(url, part, timeout, watch)
         return _check_and_install(part, dest, url, total, sha1)
     except IntegrityError:
         part.unlink(missing_ok=True)
         if not resumed:
             raise
-    with _watch(label, timeout) as watch:
+    with _watch(timeout) as watch:
         total, sha1 = _fetch_resumable(url, part, timeout, watch)
     try:
         return _check_and_install(part, dest, url, total, sha1)
