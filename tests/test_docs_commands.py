@@ -55,7 +55,7 @@ def _snippets(text: str) -> list[str]:
             out += [
                 span
                 for span in re.findall(r"`([^`]+)`", line)
-                if span not in ("qwen3-generate", "qwen3-chat")
+                if not re.fullmatch(r"(uv run )?qwen3-(generate|chat)", span)
             ]
     return out
 
