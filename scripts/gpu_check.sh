@@ -27,17 +27,17 @@ PY
 uv run --locked python - <<'PY'
 import torch
 from reasoning_from_scratch.ch02 import generate_text_basic_stream_cache
-from utils import fast_decode
 from utils.benchmark import load_book_model
+from utils.fast import FastQwen3, generate
 
 dev = torch.device("cuda")
 book, _, standin = load_book_model(dev, torch.bfloat16)
 prompt = torch.tensor([[840, 20772, 3460, 4128, 4119, 13]], device=dev)
 want = [int(t) for t in generate_text_basic_stream_cache(book, prompt, 40)]
-fast = fast_decode.FastQwen3.from_book_model(book)
-eager = [int(t) for t in fast_decode.generate(fast, prompt, 40)]
+fast = FastQwen3.from_book_model(book)
+eager = [int(t) for t in generate(fast, prompt, 40)]
 fast.compile_decode()  # CUDA graphs (mode="reduce-overhead")
-graphs = [int(t) for t in fast_decode.generate(fast, prompt, 40)]
+graphs = [int(t) for t in generate(fast, prompt, 40)]
 same = sum(a == b for a, b in zip(want, graphs))
 print(f"tokens equal to the book's: eager {eager == want}, "
       f"CUDA graphs {same}/{len(want)}" + (" (stand-in weights)" if standin else ""))

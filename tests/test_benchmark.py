@@ -304,9 +304,9 @@ def test_choice_names_the_fastest_and_the_soonest_fast_path():
 
 
 def test_native_modes_run_and_count_in_the_choice():
-    from utils import cpu_matvec
+    from utils.fast import get_kernels
 
-    if cpu_matvec.get_kernels() is None:
+    if get_kernels() is None:
         pytest.skip("the native step needs the x86-64 AVX2 kernels")
     modes = ["fast", "fast_native", "fast_native_int8"]
     rows = tiny_run(modes, dtype="bfloat16", max_new_tokens=6, repeats=2)

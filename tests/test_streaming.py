@@ -204,20 +204,20 @@ def test_fast_compile_picks_the_faster_path_and_keeps_the_tokens(
     """fast + compile: the block is compiled, eager and compiled are timed
     once (pick_faster, with the generation's cache size) and the choice is
     said in one line; the tokens stay the eager fast path's."""
-    from utils import fast_decode
+    import utils.fast
 
     ids = tok.encode(PROMPT)
     eager = [
         int(t) for t in GreedyStreamer(model).stream(torch.tensor([ids]), 8, fast=True)
     ]
     picks = []
-    real = fast_decode.pick_faster
+    real = utils.fast.pick_faster
 
     def spy(fast, token_ids, **kwargs):
         picks.append(kwargs)
         return real(fast, token_ids, **kwargs)
 
-    monkeypatch.setattr(fast_decode, "pick_faster", spy)
+    monkeypatch.setattr(utils.fast, "pick_faster", spy)
     streamer = GreedyStreamer(model)
     for _ in range(2):
         got = streamer.stream(torch.tensor([ids]), 8, compile=True, fast=True)

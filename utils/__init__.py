@@ -16,9 +16,10 @@ What the notebooks import (the chapter itself):
 
 Beyond the chapter (speed, tools, interop):
     streaming      the one text-streaming loop behind the CLI and the panel
-    fast_decode    static-KV-cache decoder for the same weights (gpt-fast style)
-    quantize       weight-only int8 for fast_decode (approximate)
-    cpu_matvec     AVX2 matrix-vector kernels (cpu_matvec.c), F.linear fallback
+    fast/          the fast decoder for the same weights (gpt-fast style): model,
+                   quantize (int8), steps (eager/compiled/native, generate),
+                   kernels + csrc/ (AVX2 C, F.linear fallback); see
+                   ch02/03_fast-decoding/
     benchmark      Table 2.1 runner: `python -m utils.benchmark`
     hf_interop     official Qwen3 safetensors <-> the book's model; import-qwen3
     cli            the qwen3-generate and qwen3-chat commands

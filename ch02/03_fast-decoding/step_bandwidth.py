@@ -3,7 +3,7 @@ measured side by side: each round times one step (bf16, then int8) and one
 `torch.sum` over a buffer of exactly the bytes that step reads, so both see
 the same moment of a shared, drifting machine.
 
-    QWEN3_STANDIN=1 uv run python scripts/step_bandwidth.py [--rounds 30]
+    QWEN3_STANDIN=1 uv run python ch02/03_fast-decoding/step_bandwidth.py [--rounds 30]
 
 Prints per precision the median step time, the GB/s it reads and the median
 of step-speed / sum-speed over the rounds (1.00 = at the memory limit).
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def side_by_side(
@@ -32,7 +32,7 @@ def side_by_side(
     GB/s read, and the median ratio of step speed to `torch.sum` speed over
     the same bytes, timed alternately within each round."""
     from utils.benchmark import weight_bytes_per_token
-    from utils.fast_decode import prefill
+    from utils.fast import prefill
 
     prompt = torch.tensor([[1, 2, 3, 4, 5]])
     state = {}
@@ -46,7 +46,7 @@ def side_by_side(
         pos = torch.tensor([prompt.shape[1] + r % positions])
         for model, token, buffer, _, steps, sums in state.values():
             start = time.perf_counter()
-            model._decode_step(model, token, pos)
+            model.decode_step(model, token, pos)
             mid = time.perf_counter()
             torch.sum(buffer)
             end = time.perf_counter()
@@ -72,17 +72,16 @@ def side_by_side(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from utils.benchmark import load_book_model
-    from utils.fast_decode import FastQwen3
-    from utils.quantize import quantize_int8
+    from utils.download import download_qwen3_small
+    from utils.fast import FastQwen3, quantize_int8
+    from utils.models import load_book_model_file
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--out-dir", default="qwen3")
     args = parser.parse_args(argv)
-    book, _, _ = load_book_model(
-        torch.device("cpu"), torch.bfloat16, out_dir=args.out_dir
-    )
+    files = download_qwen3_small("base", out_dir=args.out_dir)  # or stand-ins
+    book = load_book_model_file(files.model, "cpu", torch.bfloat16)
     bf16 = FastQwen3.from_book_model(book)
     int8 = quantize_int8(FastQwen3.from_book_model(book))
     for model in (bf16, int8):

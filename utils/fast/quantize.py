@@ -1,38 +1,36 @@
-"""Weight-only int8 for the fast decoder (APPROXIMATE; beyond Chapter 2).
+"""Weight-only int8 layers for the fast decoder (APPROXIMATE).
 
 Each linear layer's weight becomes int8 with one float32 scale per output
 row (symmetric, absmax / 127); activations stay in the model's dtype. On
-CPUs the decode step's products run through the AVX2 int8 kernel
-(`utils.cpu_matvec`), which reads half the bytes of bf16 and rounds the
-input vector to 16-bit fixed point for integer multiply-adds (finer than
-bf16's 8-bit mantissa for all but entries far below the largest one).
-The token embedding becomes int8 too; tied to the output layer (Qwen3
-0.6B) it reads the same int8 table, so no bf16 matrix is kept.
+CPUs a decode row goes through the int8 kernel (`utils.fast.kernels`),
+which reads half the bytes of bf16 and rounds the input vector to 16-bit
+fixed point for integer multiply-adds (finer than bf16's 8-bit mantissa for
+all but entries far below the largest one). The token embedding becomes
+int8 too; tied to the output layer (Qwen3 0.6B) it reads the same int8
+table, so no bf16 matrix is kept.
 
 `quantize_int8` converts a model layer by layer and lets go of each bf16
 weight as soon as its int8 copy exists, so the model never holds both.
-`int8_agreement` measures how far the int8 model is from the bf16 one.
+How close the result stays to bf16 is measured by
+`ch02/03_fast-decoding/agreement.py`.
 """
 
 from __future__ import annotations
 
 import ctypes
 import sys
-from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from utils import cpu_matvec
+from utils.fast.kernels import int8_linear, supports
 
 __all__ = [
     "Int8Embedding",
     "Int8Linear",
     "quantize_int8",
     "quantize_weight",
-    "int8_agreement",
 ]
 
 
@@ -80,8 +78,8 @@ class Int8Linear(nn.Module):
         return cls(*quantize_weight(linear.weight))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.use_kernel and cpu_matvec.supports(x, self.weight_int8):
-            return cpu_matvec.int8_linear(x, self.weight_int8, self.scales)
+        if self.use_kernel and supports(x, self.weight_int8):
+            return int8_linear(x, self.weight_int8, self.scales)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         scales = self.scales.to(x.dtype)
@@ -138,10 +136,10 @@ def quantize_int8(model: nn.Module, include_head: bool = True) -> nn.Module:
 
     Approximate: logits change slightly, greedy tokens mostly not. The bf16
     weights are released as they go unless something else holds them (e.g.
-    the book model a FastQwen3 was wrapped around).
+    the book model a FastQwen3 was wrapped around). Afterwards a model with
+    an `on_layers_replaced()` method is told (FastQwen3 drops a decode step
+    built for the old layers).
     """
-    if hasattr(model, "_decode_step"):
-        model._decode_step = None  # a compiled step saw the old layers
     targets = [
         (name, module)
         for name, module in model.named_modules()
@@ -170,6 +168,9 @@ def quantize_int8(model: nn.Module, include_head: bool = True) -> nn.Module:
             q, scales = quantize_weight(emb.weight)
             model.tok_emb = Int8Embedding(q, scales, emb.weight.dtype)
             _release(emb)
+    notify = getattr(model, "on_layers_replaced", None)
+    if callable(notify):
+        notify()
     return model
 
 
@@ -179,50 +180,3 @@ def _release(module: nn.Module) -> None:
     module.weight = None
     if weight is not None and sys.getrefcount(weight) <= 2:  # only `weight`
         _page_out(weight)
-
-
-def int8_agreement(
-    reference: Any,
-    quantized: Any,
-    prompts: Sequence[torch.Tensor],
-    max_new_tokens: int = 50,
-) -> dict[str, float]:
-    """How close `quantized` (int8 FastQwen3) is to `reference` (bf16).
-
-    Along each prompt's greedy continuation by `reference` (teacher-forced):
-    `token_agreement` = share of steps where both pick the same token;
-    `logits_max_rel_error` = max |logit difference| / max |reference logit|
-    over all steps; plus `identical_continuations` = share of prompts whose
-    free-running greedy continuations are identical."""
-    from utils.fast_decode import decode_one_token, generate, prefill
-
-    same = steps = identical = 0
-    worst = 0.0
-    for prompt in prompts:
-        prompt = prompt.reshape(1, -1)
-        seq = torch.cat(list(generate(reference, prompt, max_new_tokens)), dim=1)
-        free = torch.cat(list(generate(quantized, prompt, max_new_tokens)), dim=1)
-        identical += int(torch.equal(seq, free))
-        for model in (reference, quantized):
-            model.setup_cache(1, prompt.shape[1] + max_new_tokens)
-        ref_tok, ref_logits = prefill(reference, prompt)
-        q_tok, q_logits = prefill(quantized, prompt)
-        pos = torch.tensor([prompt.shape[1]])
-        for i in range(seq.shape[1]):
-            err = (q_logits.float() - ref_logits.float()).abs().max()
-            worst = max(worst, float(err / ref_logits.float().abs().max()))
-            same += int(torch.equal(q_tok, ref_tok))
-            steps += 1
-            if i + 1 == seq.shape[1]:
-                break
-            tok = seq[:, i : i + 1]
-            kv = int(pos) + 1
-            ref_tok, ref_logits = decode_one_token(reference, tok, pos, kv)
-            q_tok, q_logits = decode_one_token(quantized, tok, pos, kv)
-            pos = pos + 1
-    return {
-        "token_agreement": same / max(steps, 1),
-        "logits_max_rel_error": worst,
-        "identical_continuations": identical / max(len(prompts), 1),
-        "steps": float(steps),
-    }

@@ -1,26 +1,37 @@
-"""utils.native_step: the whole decode step in one C call must compute what
+"""utils.fast.native: the whole decode step in one C call must compute what
 the book's bf16 model computes (within bf16 rounding), for bf16 and int8
 weights, and fall back to the eager step wherever it cannot run."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from reasoning_from_scratch.ch02 import generate_text_basic_stream_cache as book_gen
 from reasoning_from_scratch.qwen3 import KVCache
-from tiny import PROMPT, book_model, tiny_config, tiny_state_dict, tokens
 
-from utils import cpu_matvec, fast_decode
-from utils.fast_decode import FastQwen3, decode_one_token, generate, prefill
-from utils.native_step import NativeStep, unsupported_reason
-from utils.quantize import quantize_int8
+import utils.fast.build as build
+from tests.tiny import PROMPT, book_model, tiny_config, tiny_state_dict, tokens
+from utils.fast import (
+    CompiledStep,
+    FastQwen3,
+    decode_one_token,
+    generate,
+    get_kernels,
+    pick_faster,
+    prefill,
+    quantize_int8,
+)
+from utils.fast.model import greedy_step
+from utils.fast.native import NativeStep, unsupported_reason
 
 BF16 = tiny_config(context_length=512, dtype=torch.bfloat16)
+BONUS = Path(__file__).resolve().parents[2] / "ch02" / "03_fast-decoding"
 
 pytestmark = pytest.mark.skipif(
-    cpu_matvec._unsupported_reason() is not None,
+    build.unsupported_reason() is not None,
     reason="the native step needs the x86-64 AVX2 kernels",
 )
 
@@ -113,7 +124,7 @@ def test_int8_weights_match_the_eager_int8_step():
     got = tokens(generate(model, PROMPT, 60))[0]
     assert sum(a == b for a, b in zip(got, want, strict=True)) >= 30  # free-running
     # quantize_int8 drops a step that saw the bf16 layers
-    assert quantize_int8(model)._decode_step is None
+    assert quantize_int8(model).decode_step.kind == "eager"
 
 
 def test_cache_written_by_native_steps_serves_eager_steps():
@@ -128,7 +139,7 @@ def test_cache_written_by_native_steps_serves_eager_steps():
         for i in range(29):
             if i == 15:  # the rest eager, reading what native steps wrote
                 model.use_native_step(False)
-                assert model._decode_step is None
+                assert model.decode_step.kind == "eager"
             tok, _ = decode_one_token(model, tok, torch.tensor([pos]), pos + 1)
             got.append(int(tok))
             pos += 1
@@ -159,12 +170,12 @@ def test_step_follows_a_new_cache_and_holds_a_copied_cos():
             got.append(int(tok))
             pos += 1
     assert got == want
-    step = model._decode_step
+    step = model.decode_step
     assert step._cache_refs[2] is model.trf_blocks[0].att.k_cache is not old
-    assert step._dims[7] == model.trf_blocks[0].att.k_cache.shape[2]
+    assert step.cache_length == model.trf_blocks[0].att.k_cache.shape[2]
     cos = step._keep_cache[0]  # the copy the table points at, kept alive
     assert cos.is_contiguous() and torch.equal(cos, model.cos)
-    assert step._table[5] == cos.data_ptr()
+    assert step.cos_pointer() == cos.data_ptr()
 
 
 def test_falls_back_to_eager_where_it_cannot_run(capsys):
@@ -177,7 +188,7 @@ def test_falls_back_to_eager_where_it_cannot_run(capsys):
     assert tokens(generate(model, PROMPT, 20)) == tokens(generate(eager, PROMPT, 20))
     f32 = FastQwen3.from_state_dict(tiny_config(), tiny_state_dict(15, tiny_config()))
     assert unsupported_reason(f32) is not None
-    assert f32.use_native_step() is False and f32._decode_step is None
+    assert f32.use_native_step() is False and f32.decode_step.kind == "eager"
     assert "native decode step off (it needs a bf16 model" in capsys.readouterr().out
     with pytest.raises(ValueError, match="native decode step unavailable"):
         NativeStep(f32)
@@ -200,10 +211,10 @@ def test_pick_faster_can_choose_the_native_step():
 
     def slow_step(*args):  # a "compiled" step that loses to the others
         time.sleep(0.05)
-        return fast_decode._decode_one_token_impl(*args)
+        return greedy_step(*args)
 
-    model._decode_step = fast_decode._FallbackCompiled(slow_step)
-    result = fast_decode.pick_faster(model, PROMPT, steps=3)
+    model.decode_step = CompiledStep(slow_step)
+    result = pick_faster(model, PROMPT, steps=3)
     assert result["native_s"] is not None
     best = min(("eager", "compiled", "native"), key=lambda k: result[f"{k}_s"])
     assert result["choice"] == best
@@ -227,7 +238,7 @@ def test_cli_streamer_uses_the_native_step_for_fast(capsys):
 
 
 def test_int8_streamer_runs_the_native_int8_step(capsys):
-    from utils.quantize import Int8Linear
+    from utils.fast import Int8Linear
     from utils.streaming import GreedyStreamer
 
     sd = tiny_state_dict(23, BF16)
@@ -247,7 +258,7 @@ def test_int8_streamer_runs_the_native_int8_step(capsys):
 def vector_op(op: int, x: torch.Tensor) -> torch.Tensor:
     x = x.to(torch.float32).contiguous()
     y = torch.empty_like(x)
-    lib = cpu_matvec.get_kernels().lib
+    lib = get_kernels().lib
     assert lib.qwen3_vector_op(op, x.data_ptr(), y.data_ptr(), x.numel()) == 0
     return y
 
@@ -285,13 +296,13 @@ def test_the_steps_bf16_rounding_and_exp():
 def test_new_weights_renew_the_step_and_old_ones_stay_alive():
     sd, other = tiny_state_dict(19, BF16), tiny_state_dict(20, BF16)
     model = native(sd)
-    step = model._decode_step
+    step = model.decode_step
     # the step holds every tensor it points at: replacing one cannot free it
     held = {id(t) for t in step._keep}
     assert id(model.trf_blocks[0].att.W_query.weight) in held
     assert id(model.out_head.weight) in held
     model.load_state_dict(other, assign=True)  # new tensors, new addresses
-    assert model.decode_native() and model._decode_step is not step
+    assert model.decode_native() and model.decode_step is not step
     want = tokens(generate(FastQwen3.from_state_dict(BF16, other), PROMPT, 20))[0]
     got = tokens(generate(model, PROMPT, 20))[0]
     assert sum(a == b for a, b in zip(got, want, strict=True)) >= 10
@@ -299,11 +310,10 @@ def test_new_weights_renew_the_step_and_old_ones_stay_alive():
 
 def test_step_bandwidth_script_times_each_step_next_to_a_sum():
     import importlib.util
-    from pathlib import Path
 
     from utils.benchmark import weight_bytes_per_token
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "step_bandwidth.py"
+    path = BONUS / "step_bandwidth.py"
     spec = importlib.util.spec_from_file_location("step_bandwidth", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -323,3 +333,20 @@ def test_step_bandwidth_script_times_each_step_next_to_a_sum():
         assert cache[5:8].abs().sum(dim=-1).gt(0).all()
         assert not cache[8:].any()
     assert rows[1]["gb_per_token"] < 0.6 * rows[0]["gb_per_token"]
+
+
+def test_a_library_with_another_table_layout_is_refused(monkeypatch, capsys):
+    """The table is filled by the names the library reports; a library
+    whose layout names other slots is not driven at all."""
+    import dataclasses
+
+    kernels = get_kernels()
+    model = FastQwen3.from_state_dict(BF16, tiny_state_dict(24, BF16))
+    layout = dict(kernels.library.layout)
+    layout["layer"] = (*layout["layer"], "NEW_SLOT")
+    monkeypatch.setattr(
+        kernels, "library", dataclasses.replace(kernels.library, layout=layout)
+    )
+    assert "another decode-step table layout" in unsupported_reason(model)
+    assert not model.use_native_step() and not model.decode_native()
+    assert "native decode step off" in capsys.readouterr().out

@@ -1,0 +1,224 @@
+"""utils.fast.build: the C library is built once, cached under a key of its
+sources, compiler and flags, loaded only when its recorded SHA-256 matches,
+rebuilt (never crashing Python) when it is damaged or foreign, and reports
+the decode step's table layout that csrc/step_layout.h defines."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import utils.fast.build as build
+from tests.tiny import PROMPT, tiny_config, tiny_state_dict, tokens
+from utils.fast import FastQwen3, generate, get_kernels
+from utils.fast.kernels import Kernels
+from utils.fileio import atomic_write_bytes
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def library_files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_build_is_cached_with_a_record_and_leaves_nothing_else(kernels, tmp_path):
+    cache = tmp_path / "new" / "kernels"
+    first = build.build_and_load(cache)
+    name = first.path.name
+    assert library_files(cache) == [name, name + ".sha256"]
+    assert cache.stat().st_mode & 0o077 == 0  # created private
+    mtime = first.path.stat().st_mtime_ns
+    again = build.build_and_load(cache)
+    assert again.path == first.path and first.path.stat().st_mtime_ns == mtime
+    assert again.openmp
+
+
+def run_python(code: str, cache: Path, **env: str) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter with the kernel cache at `cache`."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO,
+        env={**os.environ, "QWEN3_KERNEL_CACHE": str(cache), **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+USE_KERNEL = """
+    import torch
+    from utils.fast import get_kernels
+    k = get_kernels()
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(300, 128, generator=gen).bfloat16()
+    x = torch.randn(128, generator=gen).bfloat16()
+    print("path", k.path)
+    print("bits", k.matvec(x, w, exact=True).view(torch.int16).tolist())
+"""
+
+
+def expected_bits(kernels) -> str:
+    """What USE_KERNEL prints when the library computes what ours does."""
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(300, 128, generator=gen).bfloat16()
+    x = torch.randn(128, generator=gen).bfloat16()
+    return f"bits {kernels.matvec(x, w, exact=True).view(torch.int16).tolist()}"
+
+
+@pytest.mark.slow  # fresh interpreters
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "no record"])
+def test_damaged_library_is_rebuilt_in_a_fresh_process(kernels, tmp_path, damage):
+    first = run_python(USE_KERNEL, tmp_path)
+    assert first.returncode == 0, first.stderr
+    target = Path(first.stdout.split("path ")[1].split()[0])
+    good = target.read_bytes()
+    # replaced, not modified in place: this test process never maps it
+    if damage == "truncated":
+        atomic_write_bytes(target, good[: len(good) // 2])
+    elif damage == "garbage":
+        atomic_write_bytes(target, b"\x7fELF" + os.urandom(4000))
+    else:
+        (tmp_path / (target.name + ".sha256")).unlink()
+    second = run_python(USE_KERNEL, tmp_path)
+    assert second.returncode == 0, second.stderr  # no SIGBUS (-7) or crash
+    assert f"path {target}" in second.stdout and expected_bits(kernels) in second.stdout
+    assert "using torch's matmul" not in second.stdout
+    assert build.verified(target)
+
+
+def test_library_without_the_entry_points_is_rebuilt(kernels, tmp_path, capsys):
+    target = build.build_and_load(tmp_path).path
+    src = tmp_path / "other.c"
+    src.write_text("int something_else(void) { return 1; }\n")
+    other = tmp_path / "other.so"
+    cc = build.find_compiler()
+    subprocess.run([cc, "-shared", "-fPIC", str(src), "-o", str(other)], check=True)
+    os.replace(other, target)
+    atomic_write_bytes(
+        tmp_path / (target.name + ".sha256"), build.sha256(target).encode()
+    )
+    src.unlink()
+    rebuilt = build.build_and_load(tmp_path)
+    assert rebuilt.path == target and build.verified(target)
+    x, w = torch.randn(64), torch.randn(8, 64).bfloat16()
+    # the same bits as the session's kernels (checked against their sums)
+    assert torch.equal(Kernels(rebuilt).matvec(x, w), kernels.matvec(x, w))
+
+
+@pytest.mark.slow  # a fresh interpreter
+def test_folder_others_can_write_is_refused(kernels, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(RuntimeError, match="writable by other users"):
+        build.build_and_load(shared)
+    assert list(shared.iterdir()) == []
+    proc = run_python(USE_KERNEL.replace('print("path', "#"), shared)
+    assert "using torch's matmul instead of the AVX2 kernel" in proc.stdout
+    assert "chmod go-w" in proc.stdout
+
+
+def test_compiler_without_openmp_builds_single_threaded(kernels, tmp_path, capsys):
+    fake = tmp_path / "bin" / "cc-no-openmp"
+    fake.parent.mkdir()
+    real = build.find_compiler()
+    fake.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do if [ "$a" = -fopenmp ]; then\n'
+        "  echo \"clang: error: unsupported option '-fopenmp'\" >&2; exit 1\n"
+        "fi; done\n"
+        f'exec {real} "$@"\n'
+    )
+    fake.chmod(0o755)
+    os.environ["CC"], saved = str(fake), os.environ.get("CC")
+    try:
+        single = build.build_and_load(tmp_path / "cache")
+    finally:
+        os.environ.pop("CC")
+        if saved is not None:
+            os.environ["CC"] = saved
+    assert not single.openmp
+    out = capsys.readouterr().out
+    assert "rejected -fopenmp" in out and "unsupported option" in out
+    # the compiler is part of the key: not the default build's file name
+    assert single.path.name != kernels.path.name
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(3000, 1024, generator=gen).to(torch.bfloat16)
+    x = torch.randn(1024, generator=gen).to(torch.bfloat16)
+    want = kernels.matvec(x, w, exact=True)
+    assert torch.equal(Kernels(single).matvec(x, w, exact=True), want)
+
+
+def test_no_compiler_means_torch_matmul_with_one_message(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("QWEN3_KERNEL_CACHE", str(tmp_path / "fresh"))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing to find here
+    assert get_kernels() is None
+    assert get_kernels() is None
+    out = capsys.readouterr().out
+    assert out.count("utils.fast: using torch's matmul") == 1
+    if build.unsupported_reason() is None:
+        assert "no C compiler found" in out
+    fresh = tmp_path / "fresh"
+    assert not fresh.exists() or not any(fresh.iterdir())
+    # A model built now generates with torch's matmul, the same tokens
+    cfg = tiny_config(context_length=512, dtype=torch.bfloat16)
+    fast = FastQwen3.from_state_dict(cfg, tiny_state_dict(cfg=cfg))
+    got = tokens(generate(fast, PROMPT, 10))
+    assert not fast.cpu_matvec_active()
+    monkeypatch.undo()
+    if get_kernels() is not None:
+        assert tokens(generate(fast, PROMPT, 10)) == got
+        assert fast.cpu_matvec_active()
+
+
+def test_kernel_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("QWEN3_KERNEL_CACHE", str(tmp_path))
+    assert build.kernel_cache_dir() == tmp_path
+    monkeypatch.delenv("QWEN3_KERNEL_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert build.kernel_cache_dir() == tmp_path / "xdg/qwen3-ch02/kernels"
+
+
+def header_names(macro: str) -> list[str]:
+    """The names an X-macro of csrc/step_layout.h lists, in order."""
+    text = (build.CSRC / "step_layout.h").read_text()
+    body = re.search(rf"#define {macro}\(X\)(.*?)\n\n", text, re.S).group(1)
+    return re.findall(r"X\((\w+)\)", body)
+
+
+def test_the_library_reports_the_layout_the_header_defines(kernels):
+    layout = kernels.library.layout
+    assert layout == {
+        "global": tuple(header_names("QWEN3_GLOBAL_SLOTS")),
+        "layer": tuple(header_names("QWEN3_LAYER_SLOTS")),
+        "dims": tuple(header_names("QWEN3_DIMS")),
+    }
+    assert layout["global"][:2] == ("EMB", "EMB_SCALE") and len(layout["layer"]) == 20
+    assert build.parse_layout("global:A,B,;layer:C,;dims:D,") == {
+        "global": ("A", "B"),
+        "layer": ("C",),
+        "dims": ("D",),
+    }
+
+
+def test_every_source_file_is_part_of_the_cache_key(kernels, tmp_path, monkeypatch):
+    """A changed header (here: the step layout) is a new library."""
+    first = build.build_and_load(tmp_path / "a")
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    for p in build.CSRC.iterdir():
+        if p.suffix in (".c", ".h"):
+            (csrc / p.name).write_bytes(p.read_bytes())
+    with open(csrc / "step_layout.h", "a") as f:
+        f.write("/* changed */\n")
+    monkeypatch.setattr(build, "CSRC", csrc)
+    second = build.build_and_load(tmp_path / "a")
+    assert second.path != first.path and second.layout == first.layout

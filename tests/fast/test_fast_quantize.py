@@ -1,0 +1,137 @@
+"""utils.fast.quantize: weight-only int8 stays close to bf16, converts a
+model layer by layer without keeping both copies, and leaves the book's
+weights alone; the agreement figure of ch02/03_fast-decoding/agreement.py."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from reasoning_from_scratch.qwen3 import KVCache
+
+import utils.fast
+from tests.tiny import PROMPT, tiny_config, tiny_state_dict, tokens
+from utils.fast import FastQwen3, decode_one_token, generate, prefill
+from utils.fast.quantize import (
+    Int8Embedding,
+    Int8Linear,
+    quantize_int8,
+    quantize_weight,
+)
+
+TINY = tiny_config(context_length=512)
+BONUS = Path(__file__).resolve().parents[2] / "ch02" / "03_fast-decoding"
+
+
+def agreement_script():
+    """ch02/03_fast-decoding/agreement.py as a module."""
+    spec = importlib.util.spec_from_file_location("agreement", BONUS / "agreement.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_int8_linear_is_close_to_the_float_layer():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 96, bias=False)
+    q = Int8Linear.from_linear(lin)
+    assert q.weight_int8.dtype == torch.int8 and q.scales.shape == (96,)
+    x = torch.randn(3, 5, 256)
+    ref = lin(x)
+    rel = (q(x) - ref).norm() / ref.norm()
+    assert rel < 0.01
+
+
+def test_quantize_weight_is_chunk_independent_and_keeps_temporaries_small():
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    w = (torch.randn(4096, 1024) * 0.05).to(torch.bfloat16)
+    w[3] = 0  # an all-zero row keeps a tiny positive scale, not nan
+    w[9, 5] = -7.0  # its absmax is negative
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        q, scales = quantize_weight(w)
+    # no temporary larger than the int8 result (4 MB); a float32 copy of
+    # the whole weight would be 16 MB and stay in the heap as peak memory
+    largest = max(e.cpu_memory_usage for e in prof.events())
+    assert largest <= q.numel()
+    ref = w.float()
+    s = ref.abs().amax(dim=1).clamp(min=1e-12) / 127
+    assert torch.equal(scales, s)
+    assert torch.equal(q, torch.round(ref / s[:, None]).clamp(-127, 127).to(torch.int8))
+    assert q[9, 5] == -127 and not q[3].any()
+    for chunk in (1, 7, 5000):
+        q2, s2 = quantize_weight(w, rows_per_chunk=chunk)
+        assert torch.equal(q2, q) and torch.equal(s2, scales)
+
+
+def test_int8_model_mostly_agrees_and_leaves_book_weights_alone(fast_tiny):
+    book, _ = fast_tiny
+    before = book.trf_blocks[0].ff.fc1.weight.clone()
+    q = quantize_int8(FastQwen3.from_book_model(book))
+    assert isinstance(q.trf_blocks[0].ff.fc1, Int8Linear)
+    assert torch.equal(book.trf_blocks[0].ff.fc1.weight, before)
+    # Teacher-forced top-1 agreement along the book's greedy tokens
+    cache = KVCache(n_layers=TINY["n_layers"])
+    book.reset_kv_cache()
+    q.setup_cache(1, PROMPT.shape[1] + 60)
+    agree = 0
+    with torch.inference_mode():
+        ref = book(PROMPT, cache=cache)[:, -1]
+        tok, _ = prefill(q, PROMPT)
+        pos = torch.tensor([PROMPT.shape[1]])
+        for _ in range(60):
+            want = ref.argmax(dim=-1, keepdim=True)
+            agree += int(torch.equal(tok, want))
+            ref = book(want, cache=cache)[:, -1]
+            tok, _ = decode_one_token(q, want, pos, int(pos) + 1)
+            pos = pos + 1
+    assert agree >= 48  # most steps (80 %), not all: int8 is approximate
+    assert len(tokens(generate(q, PROMPT, 20))[0]) == 20
+
+
+def test_int8_agreement_figure_on_a_tiny_model():
+    cfg = tiny_config(context_length=512, dtype=torch.bfloat16)
+    sd = tiny_state_dict(4, cfg)
+    ref = FastQwen3.from_state_dict(cfg, sd)
+    int8_agreement = agreement_script().int8_agreement
+    same = int8_agreement(ref, FastQwen3.from_state_dict(cfg, sd), [PROMPT], 12)
+    assert same["token_agreement"] == 1.0 and same["logits_max_rel_error"] == 0.0
+    assert same["identical_continuations"] == 1.0 and same["steps"] == 12
+    q = quantize_int8(FastQwen3.from_state_dict(cfg, sd))
+    prompts = [PROMPT, torch.tensor([[42, 17, 3, 99]]), torch.tensor([[7, 8]])]
+    got = int8_agreement(ref, q, prompts, 20)
+    assert got["steps"] == 60
+    assert 0.8 <= got["token_agreement"] <= 1.0
+    assert 0.0 < got["logits_max_rel_error"] < 0.1
+
+
+def test_quantize_releases_each_bf16_weight(tmp_path):
+    cfg = tiny_config(context_length=512, dtype=torch.bfloat16)
+    path = tmp_path / "tiny.pth"
+    torch.save(tiny_state_dict(5, cfg), path)
+    bf16 = FastQwen3.from_checkpoint(path, cfg)
+    q = FastQwen3.from_checkpoint(path, cfg, int8=True)
+    linear_types = {
+        type(m) for m in q.modules() if isinstance(m, (torch.nn.Linear, Int8Linear))
+    }
+    assert linear_types == {Int8Linear}
+    # no bf16 matrix is left: an untied embedding gets its own int8 table
+    assert isinstance(q.tok_emb, Int8Embedding)
+    assert all(p.dim() < 2 for p in q.parameters())
+    emb = bf16.tok_emb(PROMPT).float()
+    got_emb = q.tok_emb(PROMPT)
+    assert got_emb.dtype == torch.bfloat16
+    assert (got_emb.float() - emb).abs().max() <= emb.abs().max() / 100
+    # a tied one (as in Qwen3 0.6B) reads the head's int8 table
+    tied = tiny_state_dict(5, cfg)
+    del tied["out_head.weight"]
+    t = quantize_int8(FastQwen3.from_state_dict(cfg, tied))
+    assert t.tok_emb.weight_int8 is t.out_head.weight_int8
+    assert torch.equal(t.tok_emb.weight_int8, q.tok_emb.weight_int8)
+    got = agreement_script().int8_agreement(bf16, q, [PROMPT], 15)
+    assert got["token_agreement"] >= 0.8
+    # the package's public names are the quantize module's
+    assert utils.fast.quantize_int8 is quantize_int8
+    assert utils.fast.Int8Linear is Int8Linear

@@ -1,0 +1,288 @@
+"""utils.fast.steps: every decode step computes what the book's model
+computes, `generate` stops like the book's generator, and `pick_faster`
+keeps the fastest step.
+
+Reference: `reasoning_from_scratch.ch02.generate_text_basic_stream_cache` and
+the book's `Qwen3Model` on the same weights. Tiny configs for most checks; the
+real 0.6B shape only where that shape is the point (float32 and bf16).
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+
+import pytest
+import torch
+from reasoning_from_scratch.ch02 import generate_text_basic_stream_cache as book_gen
+from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, KVCache, Qwen3Model
+
+import utils.fast.steps as steps_mod
+from tests.tiny import (
+    PROMPT,
+    book_model,
+    skip_if_inductor_cannot_build,
+    tiny_config,
+    tiny_state_dict,
+    tokens,
+)
+from utils.fast import (
+    CompiledStep,
+    FastQwen3,
+    decode_one_token,
+    generate,
+    get_kernels,
+    pick_faster,
+    prefill,
+)
+from utils.fast.kernels import kernel_rounds_like_torch
+from utils.fast.model import greedy_step
+from utils.standin import standin_state_dict, write_standin_weights
+
+TINY = tiny_config(context_length=512)
+X86_64 = platform.machine().lower() in ("x86_64", "amd64")
+# (rows, cols) of the 0.6B model's single-row products
+SHAPES_06B = [(2048, 1024), (1024, 1024), (1024, 2048), (3072, 1024),
+              (1024, 3072), (151936, 1024)]  # fmt: skip
+
+
+def compare_logits(book, fast, prompt, steps):
+    """Teacher-forced along the book's greedy tokens: max |logit difference|
+    over prefill + `steps` decode steps, and the book's tokens."""
+    cache = KVCache(n_layers=book.cfg["n_layers"])
+    book.reset_kv_cache()
+    fast.setup_cache(prompt.shape[0], prompt.shape[1] + steps + 1)
+    with torch.inference_mode():
+        ref = book(prompt, cache=cache)[:, -1]
+        _, got = prefill(fast, prompt)
+        worst = (ref - got).abs().max().item()
+        pos = torch.tensor([prompt.shape[1]])
+        seq = []
+        for _ in range(steps):
+            tok = ref.argmax(dim=-1, keepdim=True)
+            seq.append(int(tok[0, 0]))
+            ref = book(tok, cache=cache)[:, -1]
+            _, got = decode_one_token(fast, tok, pos, int(pos) + 1)
+            worst = max(worst, (ref - got).abs().max().item())
+            pos = pos + 1
+    return worst, seq
+
+
+# ---------------------------------------------------------------------------
+# Equality with the book
+# ---------------------------------------------------------------------------
+
+
+def test_tiny_greedy_200_tokens_and_logits_match_book(fast_tiny):
+    book, fast = fast_tiny
+    want = tokens(book_gen(book, PROMPT, 200))
+    got = tokens(generate(fast, PROMPT, 200))
+    assert got == want
+    assert len(set(want[0])) > 50  # the comparison is not a constant stream
+    worst, _ = compare_logits(book, fast, PROMPT, 200)
+    assert worst < 1e-4
+
+
+def test_batch_of_two_matches_book(fast_tiny):
+    book, fast = fast_tiny
+    prompt = torch.tensor([[1, 5, 7, 9, 11, 300], [42, 17, 3, 99, 500, 8]])
+    want = tokens(book_gen(book, prompt, 40))
+    assert tokens(generate(fast, prompt, 40)) == want
+    assert want[0] != want[1]
+
+
+def test_reused_cache_does_not_leak_between_calls(fast_tiny):
+    book, fast = fast_tiny
+    long_prompt = torch.arange(1, 40).unsqueeze(0)
+    list(generate(fast, long_prompt, 20))  # fills cache slots beyond PROMPT
+    assert tokens(generate(fast, PROMPT, 30)) == tokens(book_gen(book, PROMPT, 30))
+
+
+def test_stops_at_eos_and_never_yields_it(fast_tiny):
+    book, fast = fast_tiny
+    free = tokens(generate(fast, PROMPT, 60))[0]
+    eos = free[7]
+    first = free.index(eos)
+    got = tokens(generate(fast, PROMPT, 60, eos_token_id=eos))
+    assert got == ([free[:first]] if first > 0 else [])
+    assert got == tokens(book_gen(book, PROMPT, 60, eos_token_id=eos))
+    # EOS as the very first token: nothing at all is yielded
+    assert tokens(generate(fast, PROMPT, 60, eos_token_id=free[0])) == []
+
+
+def test_exactly_max_new_tokens_without_eos(fast_tiny):
+    _, fast = fast_tiny
+    free = tokens(generate(fast, PROMPT, 30))[0]
+    unused = next(i for i in range(TINY["vocab_size"]) if i not in free)
+    chunks = list(generate(fast, PROMPT, 30, eos_token_id=unused))
+    assert len(chunks) == 30
+    assert all(c.shape == (1, 1) for c in chunks)
+    assert list(generate(fast, PROMPT, 0)) == []
+
+
+def test_invalid_inputs_raise_at_call_time(fast_tiny):
+    book, fast = fast_tiny
+    with pytest.raises(ValueError, match="empty"):
+        generate(fast, torch.zeros(1, 0, dtype=torch.long), 5)
+    with pytest.raises(ValueError, match=">= 0"):
+        generate(fast, PROMPT, -1)
+    with pytest.raises(ValueError, match="context length"):
+        generate(fast, PROMPT, TINY["context_length"])
+    with pytest.raises(ValueError, match="batch"):
+        generate(fast, PROMPT[0], 5)
+    with pytest.raises(TypeError, match="from_book_model"):
+        generate(book, PROMPT, 5)
+
+
+@pytest.mark.slow  # an inductor compile
+def test_compiled_decode_gives_the_eager_tokens():
+    sd = tiny_state_dict(1, TINY)
+    eager = FastQwen3.from_state_dict(TINY, sd)
+    compiled = FastQwen3.from_state_dict(TINY, sd).compile_decode()
+    want = tokens(generate(eager, PROMPT, 40))
+    assert tokens(generate(compiled, PROMPT, 40)) == want
+    skip_if_inductor_cannot_build(compiled.decode_compiled())
+    assert compiled.decode_compiled()  # it really ran compiled here
+
+
+@pytest.mark.slow  # an inductor compile
+def test_block_scope_compiles_one_graph_for_all_layers():
+    """scope="block": same tokens as eager, and one compiled graph serves
+    every layer (what makes its compile short)."""
+    import torch._dynamo.utils as dynamo_utils
+
+    sd = tiny_state_dict(1, TINY)
+    eager = FastQwen3.from_state_dict(TINY, sd)
+    regional = FastQwen3.from_state_dict(TINY, sd).compile_decode(scope="block")
+    want = tokens(generate(eager, PROMPT, 20))
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
+    assert tokens(generate(regional, PROMPT, 20)) == want
+    skip_if_inductor_cannot_build(regional.decode_compiled())
+    assert regional.decode_compiled() and regional.compile_scope == "block"
+    assert TINY["n_layers"] >= 2
+    assert dynamo_utils.counters["stats"]["unique_graphs"] == 1
+    with pytest.raises(ValueError, match="scope"):
+        regional.compile_decode(scope="layer")
+
+
+def test_compile_failure_falls_back_to_eager(fast_tiny, capsys):
+    _, fast = fast_tiny
+    want = tokens(generate(fast, PROMPT, 15))
+
+    def broken(*args):
+        raise RuntimeError("no C++ compiler found\nlong traceback")
+
+    fast.decode_step = CompiledStep(broken)
+    try:
+        assert tokens(generate(fast, PROMPT, 15)) == want
+        out = capsys.readouterr().out
+        assert out.count("torch.compile failed") == 1
+        assert "no C++ compiler found" in out and "long traceback" not in out
+        assert not fast.decode_compiled()
+    finally:
+        fast.decode_step = None
+
+
+@pytest.mark.slow  # an inductor compile
+def test_pick_faster_keeps_the_faster_step(monkeypatch):
+    cfg = tiny_config(context_length=512)
+    fast = FastQwen3.from_state_dict(cfg, tiny_state_dict(6, cfg))
+    want = tokens(generate(fast, PROMPT, 12))
+
+    def slow_step(*args):  # stands in for a compiled step that lost
+        time.sleep(0.05)
+        return greedy_step(*args)
+
+    slow = CompiledStep(slow_step)
+    fast.decode_step = slow
+    result = pick_faster(fast, PROMPT, steps=3)
+    assert result["choice"] == "eager" and fast.decode_step.kind == "eager"
+    assert result["compiled_s"] > result["eager_s"]
+    fast.compile_decode()
+    result = pick_faster(fast, PROMPT, steps=3)
+    assert result["choice"] in ("eager", "compiled")
+    assert fast.decode_step.kind == result["choice"]
+    assert tokens(generate(fast, PROMPT, 12)) == want
+
+
+@pytest.mark.slow  # the 0.6B shape
+def test_06b_float32_tokens_and_logits_match_book():
+    cfg = {**QWEN_CONFIG_06_B, "dtype": torch.float32}
+    book = book_model(standin_state_dict(cfg, 7), cfg)
+    fast = FastQwen3.from_book_model(book)
+    steps = 20  # float32 0.6B: 3 GB read per step, twice
+    worst, seq = compare_logits(book, fast, PROMPT, steps)
+    assert worst < 1e-4
+    assert tokens(generate(fast, PROMPT, steps)) == [seq]
+    assert len(set(seq)) > 5
+
+
+@pytest.mark.slow  # the 0.6B shape
+@pytest.mark.skipif(not X86_64, reason="claimed (and measured) on x86-64 only")
+@pytest.mark.parametrize("mkldnn", [True, False], ids=["as-is", "mkldnn-off"])
+def test_06b_bf16_standin_first_50_tokens_match_book(tmp_path, exact_calls, mkldnn):
+    """Claimed on x86-64 CPUs: eager fast decoding gives the book's greedy
+    tokens and logits bit for bit, whichever path torch takes, because its
+    linear layers give F.linear's bits (the exact kernel only where torch
+    runs the same sums: `bf16_gemv_path`) and the rest are the book's own
+    operations. Also with oneDNN off, which on a CPU with AVX512-BF16
+    moves torch (and so the kernel) to ATen's dot."""
+    path = write_standin_weights(tmp_path / "x.pth")
+    sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    book = Qwen3Model(QWEN_CONFIG_06_B)
+    book.load_state_dict(sd)
+    del sd
+    fast = FastQwen3.from_book_model(book)
+    prompt = torch.tensor([[9707, 11, 1246, 525, 498, 30]])  # any 6 token ids
+    with torch.backends.mkldnn.flags(enabled=mkldnn):
+        want = tokens(book_gen(book, prompt, 50))
+        assert tokens(generate(fast, prompt, 50)) == want
+        worst, _ = compare_logits(book, fast, prompt, 8)
+        decided = any(kernel_rounds_like_torch(r, c) for r, c in SHAPES_06B)
+    assert worst == 0
+    if get_kernels() is not None:  # the kernel ran exactly where decided
+        assert fast.cpu_matvec_active() and bool(exact_calls) is decided
+
+
+# ---------------------------------------------------------------------------
+# The step protocol
+# ---------------------------------------------------------------------------
+
+
+def test_every_step_kind_computes_one_step_of_the_model(fast_tiny):
+    """A compiled step (here: the uncompiled function, over the whole static
+    cache) gives the eager step's token and logits up to float32 sums; one
+    whose compile failed is the eager step, over the filled slots."""
+    _, fast = fast_tiny
+    fast.setup_cache(1, PROMPT.shape[1] + 2)
+    tok, _ = prefill(fast, PROMPT)
+    pos = torch.tensor([PROMPT.shape[1]])
+    kv = PROMPT.shape[1] + 1
+    with torch.inference_mode():
+        want = steps_mod.EAGER(fast, tok, pos, kv)
+        static = CompiledStep(greedy_step)(fast, tok, pos, kv)
+        failed = CompiledStep(greedy_step)
+        failed.failed = True
+        fallback = failed(fast, tok, pos, kv)
+    assert torch.equal(static[0], want[0])
+    assert torch.allclose(static[1], want[1], rtol=0, atol=1e-5)
+    assert torch.equal(fallback[0], want[0]) and torch.equal(fallback[1], want[1])
+    assert [s.kind for s in (steps_mod.EAGER, failed)] == ["eager", "compiled"]
+    fast.decode_step = CompiledStep(greedy_step)
+    assert fast.decode_compiled()
+    fast.on_layers_replaced()  # what quantize_int8 calls
+    assert fast.decode_step.kind == "eager" and fast.compile_scope is None
+
+
+def test_pick_faster_waits_for_the_device_before_each_reading(monkeypatch):
+    """Timings read the clock after `utils.device.synchronize` (CUDA, XPU,
+    MPS), never only on CUDA."""
+    cfg = tiny_config(context_length=512)
+    fast = FastQwen3.from_state_dict(cfg, tiny_state_dict(6, cfg))
+    fast.decode_step = CompiledStep(greedy_step)  # no compile needed
+    waited = []
+    monkeypatch.setattr(steps_mod, "synchronize", lambda d: waited.append(d))
+    result = pick_faster(fast, PROMPT, steps=3, native=False)
+    assert len(waited) == 2 * 4 and {d.type for d in waited} == {"cpu"}
+    assert result["native_s"] is None and result["choice"] in ("eager", "compiled")

@@ -1,0 +1,47 @@
+/* bf16 <-> float32 and small AVX2 helpers shared by the kernels and the
+   decode step (static inline: every file that includes this gets its own
+   copy, so nothing here is a symbol of the library). */
+#ifndef QWEN3_BF16_H
+#define QWEN3_BF16_H
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define PREFETCH_BYTES 512
+#define PF(p) _mm_prefetch((const char *)(p) + PREFETCH_BYTES, _MM_HINT_T0)
+
+/* functions shared between the library's files, not exported */
+#define QWEN3_INTERNAL __attribute__((visibility("hidden")))
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v),
+                          _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* float32 -> bfloat16, round to nearest even (NaN stays NaN) */
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* 8 bf16 values in memory order -> 8 float32 lanes */
+static inline __m256 bf16x8_natural(const uint16_t *p) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+#endif

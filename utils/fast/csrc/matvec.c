@@ -1,0 +1,391 @@
+/* Matrix-vector kernels for single-token decoding (see utils/fast/kernels.py).
+
+   Built by utils/fast/build.py with the system C compiler, together with
+   decode_step.c: cc -O3 -mavx2 -mfma -ffp-contract=off [-fopenmp] -shared.
+   Each thread streams 4 rows at once, prefetching PREFETCH_BYTES ahead
+   (bf16.h). The *_multi entry points take several weights that share one
+   input (q, k, v; gate and up) and fill one output: one call, one parallel
+   region, rows split evenly over the threads across all the matrices.
+
+   A new kernel variant is a row kernel (rows_fn, see matvec.h) plus an
+   entry point that prepares x for it and calls run(); add its name and
+   argument types to the tables in build.py. */
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "matvec.h"
+
+#ifdef _OPENMP
+/* from omp.h, declared here so no OpenMP headers are needed */
+int omp_get_thread_num(void);
+int omp_get_num_threads(void);
+#endif
+
+static void store(void *y, int y_f32, long n, float v) {
+    if (y_f32) ((float *)y)[n] = v;
+    else ((uint16_t *)y)[n] = to_bf16(v);
+}
+
+static void load_x(const void *x, int x_f32, long k, float *out) {
+    if (x_f32) { memcpy(out, x, (size_t)k * 4); return; }
+    for (long i = 0; i < k; ++i) out[i] = from_bf16(((const uint16_t *)x)[i]);
+}
+
+/* Unpacking 16 bf16 values (one 256-bit load) interleaves the two 128-bit
+   lanes: the low unpack holds elements 0-3 and 8-11, the high one 4-7 and
+   12-15. Reordering x the same way once is cheaper than reordering w. */
+QWEN3_INTERNAL void permute16(const float *xn, long k, float *xp) {
+    static const int order[16] = {0, 1, 2, 3, 8, 9, 10, 11,
+                                  4, 5, 6, 7, 12, 13, 14, 15};
+    for (long b = 0; b < k; b += 16)
+        for (int i = 0; i < 16; ++i) xp[b + i] = xn[b + order[i]];
+}
+
+static inline void bf16_fma(const uint16_t *p, __m256 xl, __m256 xh,
+                            __m256 *a, __m256 *b) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    const __m256i z = _mm256_setzero_si256();
+    *a = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v)), xl, *a);
+    *b = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v)), xh, *b);
+}
+
+static inline void i8_fma(const int8_t *p, __m256 x0, __m256 x1,
+                          __m256 *a, __m256 *b) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)p);
+    const __m256i lo = _mm256_cvtepi8_epi32(v);
+    const __m256i hi = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v, v));
+    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), x0, *a);
+    *b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), x1, *b);
+}
+
+/* Rows [lo, hi) of y = w x, four far-apart rows at a time. */
+QWEN3_INTERNAL void rows_bf16(const float *xp, const void *wv,
+                              const float *unused, void *y, int y_f32,
+                              long lo, long hi, long k) {
+    const uint16_t *w = (const uint16_t *)wv;
+    (void)unused;
+    const long per = (hi - lo) / 4;
+    for (long j = 0; j < per; ++j) {
+        const uint16_t *r0 = w + (lo + j) * k, *r1 = w + (lo + per + j) * k;
+        const uint16_t *r2 = w + (lo + 2 * per + j) * k;
+        const uint16_t *r3 = w + (lo + 3 * per + j) * k;
+        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;
+        __m256 a2 = a0, b2 = a0, a3 = a0, b3 = a0;
+        for (long i = 0; i < k; i += 16) {
+            const __m256 xl = _mm256_loadu_ps(xp + i);
+            const __m256 xh = _mm256_loadu_ps(xp + i + 8);
+            PF(r0 + i); PF(r1 + i); PF(r2 + i); PF(r3 + i);
+            bf16_fma(r0 + i, xl, xh, &a0, &b0);
+            bf16_fma(r1 + i, xl, xh, &a1, &b1);
+            bf16_fma(r2 + i, xl, xh, &a2, &b2);
+            bf16_fma(r3 + i, xl, xh, &a3, &b3);
+        }
+        store(y, y_f32, lo + j, hsum(_mm256_add_ps(a0, b0)));
+        store(y, y_f32, lo + per + j, hsum(_mm256_add_ps(a1, b1)));
+        store(y, y_f32, lo + 2 * per + j, hsum(_mm256_add_ps(a2, b2)));
+        store(y, y_f32, lo + 3 * per + j, hsum(_mm256_add_ps(a3, b3)));
+    }
+    for (long n = lo + 4 * per; n < hi; ++n) {
+        const uint16_t *r = w + n * k;
+        __m256 a = _mm256_setzero_ps(), b = a;
+        for (long i = 0; i < k; i += 16)
+            bf16_fma(r + i, _mm256_loadu_ps(xp + i),
+                     _mm256_loadu_ps(xp + i + 8), &a, &b);
+        store(y, y_f32, n, hsum(_mm256_add_ps(a, b)));
+    }
+}
+
+static void rows_i8(const float *xn, const void *wv, const float *scale,
+                    void *y, int y_f32, long lo, long hi, long k) {
+    const int8_t *w = (const int8_t *)wv;
+    const long per = (hi - lo) / 4;
+    for (long j = 0; j < per; ++j) {
+        const long n0 = lo + j, n1 = n0 + per, n2 = n1 + per, n3 = n2 + per;
+        const int8_t *r0 = w + n0 * k, *r1 = w + n1 * k;
+        const int8_t *r2 = w + n2 * k, *r3 = w + n3 * k;
+        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;
+        __m256 a2 = a0, b2 = a0, a3 = a0, b3 = a0;
+        for (long i = 0; i < k; i += 16) {
+            const __m256 x0 = _mm256_loadu_ps(xn + i);
+            const __m256 x1 = _mm256_loadu_ps(xn + i + 8);
+            PF(r0 + i); PF(r1 + i); PF(r2 + i); PF(r3 + i);
+            i8_fma(r0 + i, x0, x1, &a0, &b0);
+            i8_fma(r1 + i, x0, x1, &a1, &b1);
+            i8_fma(r2 + i, x0, x1, &a2, &b2);
+            i8_fma(r3 + i, x0, x1, &a3, &b3);
+        }
+        store(y, y_f32, n0, hsum(_mm256_add_ps(a0, b0)) * scale[n0]);
+        store(y, y_f32, n1, hsum(_mm256_add_ps(a1, b1)) * scale[n1]);
+        store(y, y_f32, n2, hsum(_mm256_add_ps(a2, b2)) * scale[n2]);
+        store(y, y_f32, n3, hsum(_mm256_add_ps(a3, b3)) * scale[n3]);
+    }
+    for (long n = lo + 4 * per; n < hi; ++n) {
+        const int8_t *r = w + n * k;
+        __m256 a = _mm256_setzero_ps(), b = a;
+        for (long i = 0; i < k; i += 16)
+            i8_fma(r + i, _mm256_loadu_ps(xn + i),
+                   _mm256_loadu_ps(xn + i + 8), &a, &b);
+        store(y, y_f32, n, hsum(_mm256_add_ps(a, b)) * scale[n]);
+    }
+}
+
+/* int8 weights times x rounded to 16-bit fixed point: x ~= xs * qx with
+   xs = max|x| / 32767 (one scale per call), so each 16 columns cost one
+   sign extension, one multiply-add of int16 pairs (vpmaddwd) and one int32
+   add. Lane j of a row's accumulator adds columns 16b+2j and 16b+2j+1 of
+   every 16-column block b exactly in int32; every 1024 columns (before any
+   int32 could overflow) the 8 lanes are converted to float32 and added to
+   float32 lanes, which are summed as in hsum and multiplied by xs, then by
+   the row's scale. qx must hold xs as its last float (see qwen3_matvec_int8). */
+#define I16_CHUNK 1024
+
+static inline __m256i i16_madd(const int8_t *p, __m256i xq) {
+    const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_madd_epi16(w, xq);
+}
+
+static void rows_i8q(const float *qxv, const void *wv, const float *scale,
+                     void *y, int y_f32, long lo, long hi, long k) {
+    const int8_t *w = (const int8_t *)wv;
+    const int16_t *qx = (const int16_t *)qxv;
+    float xs;
+    memcpy(&xs, qx + k, 4);
+    const long per = (hi - lo) / 4;
+    for (long j = 0; j < per + (hi - lo) % 4; ++j) {
+        /* four far-apart rows per pass, then the leftover rows one by one */
+        const int four = j < per;
+        long n[4];
+        for (int q = 0; q < 4; ++q)
+            n[q] = four ? lo + q * per + j : lo + 4 * per + (j - per);
+        __m256 f[4];
+        for (int q = 0; q < 4; ++q) f[q] = _mm256_setzero_ps();
+        for (long c = 0; c < k; c += I16_CHUNK) {
+            const long end = c + I16_CHUNK < k ? c + I16_CHUNK : k;
+            __m256i a[4];
+            for (int q = 0; q < 4; ++q) a[q] = _mm256_setzero_si256();
+            if (four) {
+                const int8_t *r0 = w + n[0] * k, *r1 = w + n[1] * k;
+                const int8_t *r2 = w + n[2] * k, *r3 = w + n[3] * k;
+                for (long i = c; i < end; i += 16) {
+                    const __m256i xq = _mm256_loadu_si256((const __m256i *)(qx + i));
+                    PF(r0 + i); PF(r1 + i); PF(r2 + i); PF(r3 + i);
+                    a[0] = _mm256_add_epi32(a[0], i16_madd(r0 + i, xq));
+                    a[1] = _mm256_add_epi32(a[1], i16_madd(r1 + i, xq));
+                    a[2] = _mm256_add_epi32(a[2], i16_madd(r2 + i, xq));
+                    a[3] = _mm256_add_epi32(a[3], i16_madd(r3 + i, xq));
+                }
+            } else {
+                const int8_t *r = w + n[0] * k;
+                for (long i = c; i < end; i += 16) {
+                    const __m256i xq = _mm256_loadu_si256((const __m256i *)(qx + i));
+                    a[0] = _mm256_add_epi32(a[0], i16_madd(r + i, xq));
+                }
+            }
+            for (int q = 0; q < 4; ++q)
+                f[q] = _mm256_add_ps(f[q], _mm256_cvtepi32_ps(a[q]));
+        }
+        for (int q = 0; q < (four ? 4 : 1); ++q)
+            store(y, y_f32, n[q], hsum(f[q]) * xs * scale[n[q]]);
+    }
+}
+
+/* Same sums, in the same order, as ATen's own bf16 matrix-vector product
+   (its AVX2 dot with float32 arithmetic, which torch also runs at the
+   AVX-512 capability; see utils/fast/kernels.py for when torch takes it
+   rather than oneDNN): per row, eight 8-lane
+   float32 accumulators over blocks of 64 columns, accumulator 2p+h taking
+   columns 16p+8h .. 16p+8h+7 of each block; then accumulators summed
+   pairwise (i += i+4, i += i+2, i += i+1) and the lanes as
+   ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)). The result is bit-identical to
+   F.linear wherever torch runs that dot. */
+static inline float reduce_like_aten(__m256 *s) {
+    for (int i = 0; i < 4; ++i) s[i] = _mm256_add_ps(s[i], s[i + 4]);
+    for (int i = 0; i < 2; ++i) s[i] = _mm256_add_ps(s[i], s[i + 2]);
+    __m256 v = _mm256_add_ps(s[0], s[1]);
+    v = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 1));
+    v = _mm256_add_ps(v, _mm256_shuffle_ps(v, v, 0x4E));
+    v = _mm256_add_ps(v, _mm256_shuffle_ps(v, v, 0xB1));
+    return _mm256_cvtss_f32(v);
+}
+
+static inline void exact_block(const float *x, const uint16_t *r, __m256 *s) {
+    for (int p = 0; p < 8; ++p)
+        s[p] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8 * p),
+                               bf16x8_natural(r + 8 * p), s[p]);
+}
+
+QWEN3_INTERNAL void rows_bf16_exact(const float *xn, const void *wv,
+                                    const float *unused, void *y, int y_f32,
+                                    long lo, long hi, long k) {
+    const uint16_t *w = (const uint16_t *)wv;
+    (void)unused;
+    const long per = (hi - lo) / 4;
+    for (long j = 0; j < per; ++j) {
+        const uint16_t *r[4];
+        __m256 s[4][8];
+        for (int q = 0; q < 4; ++q) {
+            r[q] = w + (lo + q * per + j) * k;
+            for (int p = 0; p < 8; ++p) s[q][p] = _mm256_setzero_ps();
+        }
+        for (long i = 0; i < k; i += 64)
+            for (int q = 0; q < 4; ++q) {
+                PF(r[q] + i); PF(r[q] + i + 32);
+                exact_block(xn + i, r[q] + i, s[q]);
+            }
+        for (int q = 0; q < 4; ++q)
+            store(y, y_f32, lo + q * per + j, reduce_like_aten(s[q]));
+    }
+    for (long n = lo + 4 * per; n < hi; ++n) {
+        __m256 s[8];
+        for (int p = 0; p < 8; ++p) s[p] = _mm256_setzero_ps();
+        for (long i = 0; i < k; i += 64) exact_block(xn + i, w + n * k + i, s);
+        store(y, y_f32, n, reduce_like_aten(s));
+    }
+}
+
+static long group_rows(const group *g) {
+    long total = 0;
+    for (int i = 0; i < g->count; ++i) total += g->n[i];
+    return total;
+}
+
+/* Rows [lo, hi) of the stacked output, matrix by matrix. */
+static void group_range(rows_fn fn, const float *xv, const group *g, void *y,
+                        int y_f32, long lo, long hi, long k) {
+    long base = 0;
+    const size_t esize = y_f32 ? 4 : 2;
+    for (int i = 0; i < g->count && base < hi; base += g->n[i], ++i) {
+        const long a = lo > base ? lo - base : 0;
+        const long b = hi - base < g->n[i] ? hi - base : g->n[i];
+        if (a >= b) continue;
+        fn(xv, g->w[i], g->scales ? g->scales[i] : NULL,
+           (char *)y + (size_t)base * esize, y_f32, a, b, k);
+    }
+}
+
+QWEN3_INTERNAL int run(rows_fn fn, const float *xv, const group *g, void *y,
+                       int y_f32, long k, int threads) {
+    const long n = group_rows(g);
+    /* small matrices are not worth waking the other threads */
+    if (threads < 1 || n * k < (1L << 16)) threads = 1;
+#ifdef _OPENMP
+    #pragma omp parallel num_threads(threads)
+    {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        group_range(fn, xv, g, y, y_f32, n * t / nt, n * (t + 1) / nt, k);
+    }
+#else
+    (void)threads; /* built without OpenMP: one thread */
+    group_range(fn, xv, g, y, y_f32, 0, n, k);
+#endif
+    return 0;
+}
+
+static int bad_group(int count, const long *n) {
+    if (count < 1) return 1;
+    for (int i = 0; i < count; ++i)
+        if (n[i] < 0) return 1;
+    return 0;
+}
+
+/* The int8 product of one group for float32 x: x rounded to 16-bit fixed
+   point into qx (k int16 + one float; rows_i8q), or, if x holds an inf or
+   NaN, the float32 kernel rows_i8, so they propagate as in float. */
+QWEN3_INTERNAL void int8_group(const float *xn, const group *g, void *y,
+                               int y_f32, long k, int threads, int16_t *qx) {
+    float amax = 0.0f;
+    int finite = 1;
+    for (long i = 0; i < k; ++i) {
+        const float a = fabsf(xn[i]);
+        finite &= a <= 3.4028235e38f; /* false for inf and NaN */
+        amax = a > amax ? a : amax;
+    }
+    if (!finite) {
+        run(rows_i8, xn, g, y, y_f32, k, threads);
+        return;
+    }
+    const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+    const float xs = amax / 32767.0f;
+    for (long i = 0; i < k; ++i) {  /* round to nearest even */
+        int v = _mm_cvtss_si32(_mm_set_ss(xn[i] * inv));
+        qx[i] = (int16_t)(v > 32767 ? 32767 : v < -32767 ? -32767 : v);
+    }
+    memcpy(qx + k, &xs, 4);
+    run(rows_i8q, (const float *)qx, g, y, y_f32, k, threads);
+}
+
+/* y (sum n) = [w_0; w_1; ...] (n_i, k) @ x (k); k % 16 == 0. 0 on success. */
+int qwen3_matvec_bf16_multi(const void *x, int x_f32, int count,
+                            const void *const *w, const long *n, void *y,
+                            int y_f32, long k, int threads) {
+    if (k % 16 || bad_group(count, n)) return 1;
+    float *xn = malloc((size_t)k * 8);
+    if (!xn) return 2;
+    load_x(x, x_f32, k, xn);
+    permute16(xn, k, xn + k);
+    const group g = {count, w, NULL, n};
+    run(rows_bf16, xn + k, &g, y, y_f32, k, threads);
+    free(xn);
+    return 0;
+}
+
+/* As qwen3_matvec_bf16_multi, rounding exactly like torch; k % 64 == 0. */
+int qwen3_matvec_bf16_exact_multi(const void *x, int x_f32, int count,
+                                  const void *const *w, const long *n,
+                                  void *y, int y_f32, long k, int threads) {
+    if (k % 64 || bad_group(count, n)) return 1;
+    float *xn = malloc((size_t)k * 4);
+    if (!xn) return 2;
+    load_x(x, x_f32, k, xn);
+    const group g = {count, w, NULL, n};
+    run(rows_bf16_exact, xn, &g, y, y_f32, k, threads);
+    free(xn);
+    return 0;
+}
+
+/* y = stacked (w_i (n_i, k) @ x) * scales_i: int8 w, float32 scales. x is
+   rounded to 16-bit fixed point (rows_i8q); if x holds an inf or NaN, the
+   float32 kernel rows_i8 runs instead, so they propagate as in float. */
+int qwen3_matvec_int8_multi(const void *x, int x_f32, int count,
+                            const void *const *w, const float *const *scales,
+                            const long *n, void *y, int y_f32, long k,
+                            int threads) {
+    if (k % 16 || bad_group(count, n)) return 1;
+    float *xn = malloc((size_t)k * 4 + (size_t)k * 2 + 4);
+    if (!xn) return 2;
+    load_x(x, x_f32, k, xn);
+    const group g = {count, w, scales, n};
+    int8_group(xn, &g, y, y_f32, k, threads, (int16_t *)(xn + k));
+    free(xn);
+    return 0;
+}
+
+/* Single-matrix forms of the three entry points. */
+int qwen3_matvec_bf16(const void *x, int x_f32, const void *w, void *y,
+                      int y_f32, long n, long k, int threads) {
+    return qwen3_matvec_bf16_multi(x, x_f32, 1, &w, &n, y, y_f32, k, threads);
+}
+
+int qwen3_matvec_bf16_exact(const void *x, int x_f32, const void *w, void *y,
+                            int y_f32, long n, long k, int threads) {
+    return qwen3_matvec_bf16_exact_multi(x, x_f32, 1, &w, &n, y, y_f32, k,
+                                         threads);
+}
+
+int qwen3_matvec_int8(const void *x, int x_f32, const void *w,
+                      const float *scale, void *y, int y_f32, long n, long k,
+                      int threads) {
+    return qwen3_matvec_int8_multi(x, x_f32, 1, &w, &scale, &n, y, y_f32, k,
+                                   threads);
+}
+
+/* Lets the loader check that it opened the library it built (bit 0: built
+   with OpenMP). */
+int qwen3_matvec_abi(void) {
+#ifdef _OPENMP
+    return 0x50001;
+#else
+    return 0x50000;
+#endif
+}

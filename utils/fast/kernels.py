@@ -1,0 +1,492 @@
+"""Matrix-vector products for single-token decoding on x86-64 CPUs.
+
+When one token is decoded, every linear layer is a matrix-vector product:
+each weight is read once for one multiply-add, so the speed is set by how
+fast the weights stream from memory. The C kernels (`csrc/matvec.c`) read
+bf16 weights with AVX2 and accumulate in float32; the int8 kernel
+multiplies int8 weights with the input rounded to 16-bit fixed point
+(`vpmaddwd`, exact int32 sums), which keeps it at memory speed where
+converting every weight to float32 would not. Layers sharing an input
+(q/k/v, gate/up) go through one grouped call.
+
+Two bf16 kernels: "exact" adds in the order of ATen's own bf16 dot, the
+other (inside torch.compile graphs) orders the additions for speed. Eager
+`linear` uses the exact kernel only where torch's `F.linear` itself would
+run that ATen dot; `bf16_gemv_path` reads that from what decides it in
+PyTorch (see its docstring), so eager results are `F.linear`'s bits on
+every CPU. This module also registers the kernels as torch operators, so
+compiled graphs can call them.
+"""
+
+from __future__ import annotations
+
+import array
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import utils.fast.build as build
+
+__all__ = [
+    "Kernels",
+    "TorchCPU",
+    "bf16_gemv_path",
+    "get_kernels",
+    "int8_linear",
+    "int8_linear_group",
+    "kernel_rounds_like_torch",
+    "linear",
+    "linear_group",
+    "supports",
+    "torch_cpu",
+]
+
+_FLOAT_X = (torch.bfloat16, torch.float32)
+
+
+class Kernels:
+    """The loaded kernel library with typed, checked calls (see `get_kernels`)."""
+
+    def __init__(self, library: build.Library) -> None:
+        self.library = library
+        self.lib = library.lib
+        self.path = library.path
+        self.openmp = library.openmp
+
+    def matvec(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        scales: torch.Tensor | None = None,
+        *,
+        exact: bool = False,
+    ) -> torch.Tensor:
+        """`weight (n, k) @ x (k,)` -> (n,) in x's dtype (bf16 or float32).
+
+        bf16 weight: the fast kernel, or with `exact=True` the one that adds
+        like ATen's dot (k % 64 == 0). int8 weight: times `scales` (n,)
+        float32 per row, x rounded to 16-bit fixed point (see csrc/matvec.c).
+        Shapes, dtypes and contiguity are checked."""
+        return self.matvec_multi(
+            x, [weight], None if scales is None else [scales], exact=exact
+        )
+
+    def matvec_multi(
+        self,
+        x: torch.Tensor,
+        weights: list[torch.Tensor],
+        scales: list[torch.Tensor] | None = None,
+        *,
+        exact: bool = False,
+    ) -> torch.Tensor:
+        """`torch.cat([w @ x for w in weights])` in one call (one parallel
+        region): the q/k/v or gate/up projections of one token at once."""
+        name = _entry_point(weights, scales, exact)
+        multiple = 64 if exact else 16
+        if not _operands_ok(x, weights, scales, weights[0].dtype, multiple):
+            _explain_operands(x, weights, scales, multiple)
+        rows = [w.shape[0] for w in weights]
+        y = torch.empty(sum(rows), dtype=x.dtype)
+        # array.array: C arrays built ~10x faster than ctypes arrays (this
+        # runs ~100 times per token); they live until the call returns
+        arrays = [array.array("Q", [w.data_ptr() for w in weights])]
+        if scales is not None:
+            arrays.append(array.array("Q", [s.data_ptr() for s in scales]))
+        row_array = array.array("l", rows)
+        rc = getattr(self.lib, name)(
+            x.data_ptr(), x.dtype == torch.float32, len(weights),
+            *(a.buffer_info()[0] for a in arrays), row_array.buffer_info()[0],
+            y.data_ptr(), y.dtype == torch.float32, weights[0].shape[1],
+            torch.get_num_threads(),
+        )  # fmt: skip
+        if rc:
+            raise RuntimeError(f"{name} failed with code {rc}")
+        return y
+
+
+def _entry_point(
+    weights: list[torch.Tensor], scales: list[torch.Tensor] | None, exact: bool
+) -> str:
+    """The grouped C entry point for these weights (ValueError if none)."""
+    if not weights:
+        raise ValueError("matvec_multi needs at least one weight")
+    dtype = weights[0].dtype
+    if scales is not None and len(scales) != len(weights):
+        raise ValueError(f"{len(weights)} weights but {len(scales)} scales")
+    if dtype == torch.int8 and scales is not None:
+        return "qwen3_matvec_int8_multi"
+    if dtype == torch.bfloat16 and scales is None:
+        return "qwen3_matvec_bf16_exact_multi" if exact else "qwen3_matvec_bf16_multi"
+    raise ValueError(
+        "matvec takes bf16 weights, or int8 weights with scales; "
+        f"got {dtype} weights and scales {scales is not None}"
+    )
+
+
+def _operands_ok(
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    scales: list[torch.Tensor] | None,
+    dtype: torch.dtype,
+    multiple: int,
+) -> bool:
+    """The checks of `_check_operands` for a whole group, quickly (about a
+    hundred calls per token); False sends the caller to the one that explains."""
+    if x.device.type != "cpu" or x.dtype not in _FLOAT_X or not x.is_contiguous():
+        return False
+    if x.dim() != 1 or x.shape[0] % multiple:
+        return False
+    k = x.shape[0]
+    for w in weights:
+        if (
+            w.dtype != dtype
+            or w.dim() != 2
+            or w.shape[1] != k
+            or w.device.type != "cpu"
+            or not w.is_contiguous()
+        ):
+            return False
+    for w, sc in zip(weights, scales or [], strict=scales is not None):
+        if (
+            sc.dtype != torch.float32
+            or sc.dim() != 1
+            or sc.shape[0] != w.shape[0]
+            or sc.device.type != "cpu"
+            or not sc.is_contiguous()
+        ):
+            return False
+    return True
+
+
+def _explain_operands(
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    scales: list[torch.Tensor] | None,
+    multiple: int,
+) -> None:
+    """Raise the ValueError that says what is wrong with a group's operands."""
+    dtype = weights[0].dtype
+    for i, w in enumerate(weights):
+        if w.dtype != dtype:
+            raise ValueError(f"weights differ in dtype: {dtype} and {w.dtype}")
+        _check_operands(x, w, None if scales is None else scales[i], multiple)
+    raise ValueError("the kernel cannot read these tensors")  # not reached
+
+
+def _check_operands(
+    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, multiple: int
+) -> None:
+    """ValueError unless the kernel can read these tensors safely."""
+    problems = []
+    for name, t in (("x", x), ("weight", weight), ("scales", scales)):
+        if t is not None and (t.device.type != "cpu" or not t.is_contiguous()):
+            problems.append(f"{name} must be a contiguous CPU tensor")
+    if weight.dim() != 2:
+        problems.append(f"weight must be 2-D, got shape {tuple(weight.shape)}")
+    else:
+        n, k = weight.shape
+        if k % multiple:
+            problems.append(f"weight columns ({k}) must be a multiple of {multiple}")
+        if x.dtype not in _FLOAT_X or x.shape != (k,):
+            problems.append(
+                f"x must be ({k},) bf16 or float32, got {tuple(x.shape)} {x.dtype}"
+            )
+        bad = scales is not None and (
+            scales.dtype != torch.float32 or scales.shape != (n,)
+        )
+        if bad:
+            problems.append(
+                f"scales must be ({n},) float32, "
+                f"got {tuple(scales.shape)} {scales.dtype}"
+            )
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+# The kernels loaded in this process (set once by `get_kernels`), looked up
+# by the operators below on every call, and the operator library itself
+_LOADED: dict[str, Any] = {}
+
+
+@functools.cache
+def _kernels_for(library: build.Library) -> Kernels:
+    kernels = Kernels(library)
+    _LOADED.setdefault("kernels", kernels)
+    _register_ops()
+    return kernels
+
+
+def get_kernels() -> Kernels | None:
+    """The compiled kernels, building them on first use; None (after one
+    printed line saying why) where they cannot be built or loaded."""
+    library = build.get_library()
+    return None if library is None else _kernels_for(library)
+
+
+# ---------------------------------------------------------------------------
+# When torch's own bf16 F.linear adds like the exact kernel
+# ---------------------------------------------------------------------------
+
+ATEN_AVX2 = "aten-avx2"  # the path whose sums the exact kernel reproduces
+
+
+@dataclass(frozen=True)
+class TorchCPU:
+    """What decides, in PyTorch, which code runs a bf16 `F.linear` of one
+    row on an x86-64 CPU (read once per process, see `torch_cpu`)."""
+
+    torch_version: tuple[int, int]  # (major, minor)
+    mkldnn_built: bool  # torch.backends.mkldnn.is_available()
+    onednn_bf16: bool  # torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    avx512_bf16: bool  # the CPU has AVX512_BF16 (cpuinfo)
+    openblas: bool  # built with OpenBLAS (whose sbgemm may take bf16 GEMMs)
+    capability: str  # ATen's CPU capability: DEFAULT, AVX2, AVX512
+
+    def gemv_path(self, rows: int, cols: int, mkldnn_enabled: bool) -> str:
+        """See `bf16_gemv_path`."""
+        if self.torch_version != (2, 10):
+            return "unverified"
+        if (
+            self.mkldnn_built
+            and mkldnn_enabled
+            and self.onednn_bf16
+            and self.avx512_bf16
+            and rows * cols > 16 * 16 * 16
+        ):
+            return "onednn"
+        if self.openblas:
+            return "openblas"
+        if self.capability in ("AVX2", "AVX512"):
+            return ATEN_AVX2
+        return f"aten-{self.capability.lower()}"
+
+
+@functools.cache
+def torch_cpu() -> TorchCPU:
+    """The facts of this process's torch and CPU that `bf16_gemv_path` uses."""
+    major, minor = (int(p) for p in torch.__version__.split(".")[:2])
+    mkldnn = torch.backends.mkldnn.is_available()
+    onednn_bf16 = bool(mkldnn and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    avx512_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    return TorchCPU(
+        torch_version=(major, minor),
+        mkldnn_built=mkldnn,
+        onednn_bf16=onednn_bf16,
+        avx512_bf16=bool(avx512_bf16()),
+        openblas="BLAS_INFO=open" in torch.__config__.show(),
+        capability=torch.backends.cpu.get_cpu_capability(),
+    )
+
+
+def bf16_gemv_path(
+    rows: int,
+    cols: int,
+    mkldnn_enabled: bool | None = None,
+    cpu: TorchCPU | None = None,
+) -> str:
+    """Which code torch 2.10 runs for `F.linear(x, w)`, x one bf16 row and
+    w a bf16 (rows, cols) matrix, on an x86-64 CPU.
+
+    `F.linear` -> `mm` -> `addmm_impl_cpu_` -> `cpublas::gemm` (bf16) with
+    transa, n == 1, alpha == 1 (aten/src/ATen/native/LinearAlgebra.cpp,
+    CPUBlas.cpp). There, oneDNN (`mkldnn_bf16_gemm`) is tried unless the
+    CPU lacks AVX512_BF16 (`bf16_gemv_trans_would_be_faster`); it takes the
+    product when mkldnn is enabled (`torch.backends.mkldnn.enabled`), its
+    bf16 check passes and rows * cols > 16**3 (mkldnn/Matmul.cpp): "onednn".
+    Otherwise an OpenBLAS build may call sbgemm ("openblas"); else ATen's
+    gemv (`bf16_gemv_trans`, cpu/ReducedPrecisionFloatGemvFastPathKernel.cpp,
+    registered with REGISTER_DISPATCH, which leaves the AVX512 slot empty,
+    so the AVX2 code runs at both the AVX2 and AVX512 capability):
+    "aten-avx2", the sums of the exact kernel; at ATEN_CPU_CAPABILITY=default
+    its scalar code: "aten-default". Other torch versions: "unverified".
+    `mkldnn_enabled` and `cpu` default to this process's (injectable)."""
+    if mkldnn_enabled is None:
+        mkldnn_enabled = torch.backends.mkldnn.enabled
+    return (cpu or torch_cpu()).gemv_path(rows, cols, bool(mkldnn_enabled))
+
+
+def kernel_rounds_like_torch(rows: int, cols: int) -> bool:
+    """Whether torch's bf16 `F.linear` of one row with a (rows, cols) weight
+    gives exactly the exact kernel's bits here (see `bf16_gemv_path`)."""
+    mkldnn_enabled = torch.backends.mkldnn.enabled
+    return torch_cpu().gemv_path(rows, cols, mkldnn_enabled) == ATEN_AVX2
+
+
+# ---------------------------------------------------------------------------
+# torch operators (so torch.compile can call the kernels from its graphs)
+# ---------------------------------------------------------------------------
+
+
+def _matvec_impl(
+    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = None
+) -> torch.Tensor:
+    return _matvec_cat_impl(x, [weight], None if scales is None else [scales])
+
+
+def _matvec_cat_impl(
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    scales: list[torch.Tensor] | None = None,
+) -> torch.Tensor:
+    flat = x.reshape(-1).contiguous()
+    out = _LOADED["kernels"].matvec_multi(flat, list(weights), scales)
+    return out.view(*x.shape[:-1], out.shape[0])
+
+
+def _fake_matvec(x, weight, *rest):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def _fake_matvec_cat(x, weights, *rest):
+    return x.new_empty(*x.shape[:-1], sum(w.shape[0] for w in weights))
+
+
+def _register_ops() -> None:
+    """Define torch.ops.qwen3_ch02.matvec[_int8][_cat] once per process.
+    (`torch.library.Library` rather than `custom_op`: a third of the
+    per-call overhead, which matters at ~100-200 calls per token.)"""
+    if "library" in _LOADED:
+        return
+    lib = torch.library.Library("qwen3_ch02", "DEF")
+    lib.define("matvec(Tensor x, Tensor weight) -> Tensor")
+    lib.define("matvec_int8(Tensor x, Tensor weight, Tensor scales) -> Tensor")
+    lib.define("matvec_cat(Tensor x, Tensor[] weights) -> Tensor")
+    lib.define("matvec_int8_cat(Tensor x, Tensor[] weights, Tensor[] scales) -> Tensor")
+    # Python-level indirection, so a test can count the calls
+    lib.impl("matvec", lambda x, w: _matvec_impl(x, w), "CPU")
+    lib.impl("matvec_int8", lambda x, w, s: _matvec_impl(x, w, s), "CPU")
+    lib.impl("matvec_cat", lambda x, ws: _matvec_cat_impl(x, ws), "CPU")
+    lib.impl("matvec_int8_cat", lambda x, ws, ss: _matvec_cat_impl(x, ws, ss), "CPU")
+    for name, fake in (
+        ("matvec", _fake_matvec),
+        ("matvec_int8", _fake_matvec),
+        ("matvec_cat", _fake_matvec_cat),
+        ("matvec_int8_cat", _fake_matvec_cat),
+    ):
+        torch.library.register_fake(f"qwen3_ch02::{name}", fake, lib=lib)
+    _LOADED["library"] = lib
+
+
+# ---------------------------------------------------------------------------
+# What the layers call
+# ---------------------------------------------------------------------------
+
+
+def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the kernel handles `x @ weight.T`: one CPU row (decode), K a
+    multiple of 16, contiguous bf16/int8 weight, bf16/float32 activations."""
+    return (
+        x.device.type == "cpu"
+        and weight.device.type == "cpu"
+        and x.dtype in _FLOAT_X
+        and weight.dtype in (torch.bfloat16, torch.int8)
+        and weight.dim() == 2
+        and weight.is_contiguous()
+        and x.shape[-1] == weight.shape[1]
+        and weight.shape[1] % 16 == 0
+        and x.numel() == x.shape[-1]
+    )
+
+
+def _eager_exact(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether eager code may use the exact kernel for `F.linear(x, weight)`:
+    same dtypes (as F.linear needs) and torch would add the same way."""
+    rows, cols = weight.shape
+    return (
+        x.dtype == weight.dtype
+        and cols % 64 == 0
+        and kernel_rounds_like_torch(rows, cols)
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`F.linear(x, weight)`, through a kernel where one applies.
+
+    Inside torch.compile (kernels loaded, `supports` true) the fast kernel;
+    eagerly the exact kernel, only where torch itself would add the same
+    way (`kernel_rounds_like_torch`): eager results are F.linear's bits.
+    """
+    if weight.dtype == torch.bfloat16 and "kernels" in _LOADED and supports(x, weight):
+        if torch.compiler.is_compiling():  # traced: an operator in the graph
+            return torch.ops.qwen3_ch02.matvec(x, weight)
+        if _eager_exact(x, weight):
+            flat = x.reshape(-1).contiguous()  # eager: skip the dispatcher
+            out = _LOADED["kernels"].matvec(flat, weight, exact=True)
+            return out.view(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight)
+
+
+def int8_linear(
+    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
+) -> torch.Tensor:
+    """Weight-only int8 `x @ (weight * scales[:, None]).T` for one CPU row
+    (the kernel when loaded, else torch's int8 matmul); checks its inputs."""
+    if not supports(x, weight) or weight.dtype != torch.int8:
+        raise ValueError(
+            "int8_linear handles one CPU row x (..., k) with a contiguous "
+            f"int8 weight (n, k), k % 16 == 0; got x {tuple(x.shape)} {x.dtype}, "
+            f"weight {tuple(weight.shape)} {weight.dtype}"
+        )
+    if not scales.is_floating_point() or scales.shape != weight.shape[:1]:
+        raise ValueError(
+            f"scales must be a float tensor of shape ({weight.shape[0]},), one "
+            f"per weight row; got {tuple(scales.shape)} {scales.dtype}"
+        )
+    if not scales.is_contiguous():
+        raise ValueError("scales must be contiguous (call .contiguous() first)")
+    scales = scales.to(torch.float32)
+    if "kernels" not in _LOADED:
+        out = torch._weight_int8pack_mm(
+            x.reshape(1, -1), weight, scales.to(x.dtype)
+        )  # fmt: skip
+        return out.view(*x.shape[:-1], weight.shape[0])
+    if torch.compiler.is_compiling():
+        return torch.ops.qwen3_ch02.matvec_int8(x, weight, scales)
+    return _matvec_impl(x, weight, scales)
+
+
+def linear_group(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`[F.linear(x, w) for w in weights]` (bias-free, same x), as one kernel
+    call where the kernel applies (the q/k/v or gate/up projections); each
+    result has the bits `linear(x, w)` would give."""
+    ok = (
+        "kernels" in _LOADED
+        and len(weights) > 1
+        and all(w.dtype == torch.bfloat16 and supports(x, w) for w in weights)
+    )
+    if ok:
+        sizes = [w.shape[0] for w in weights]
+        if torch.compiler.is_compiling():
+            return list(torch.ops.qwen3_ch02.matvec_cat(x, weights).split(sizes, -1))
+        if all(_eager_exact(x, w) for w in weights):
+            flat = x.reshape(-1).contiguous()
+            out = _LOADED["kernels"].matvec_multi(flat, weights, exact=True)
+            out = out.view(*x.shape[:-1], out.shape[0])
+            return list(out.split(sizes, -1))
+    return [linear(x, w) for w in weights]
+
+
+def int8_linear_group(
+    x: torch.Tensor, weights: list[torch.Tensor], scales: list[torch.Tensor]
+) -> list[torch.Tensor]:
+    """`[int8_linear(x, w, s) ...]` for several int8 weights sharing x, as
+    one kernel call where the kernel is loaded."""
+    ok = (
+        "kernels" in _LOADED
+        and all(w.dtype == torch.int8 and supports(x, w) for w in weights)
+        and all(
+            s.dtype == torch.float32 and s.is_contiguous() and s.shape == w.shape[:1]
+            for w, s in zip(weights, scales, strict=True)
+        )
+    )
+    if not ok:
+        return [int8_linear(x, w, s) for w, s in zip(weights, scales, strict=True)]
+    sizes = [w.shape[0] for w in weights]
+    if torch.compiler.is_compiling():
+        out = torch.ops.qwen3_ch02.matvec_int8_cat(x, weights, scales)
+    else:
+        out = _matvec_cat_impl(x, weights, scales)
+    return list(out.split(sizes, -1))

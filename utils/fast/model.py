@@ -1,0 +1,412 @@
+"""The fast decoder's model: the book's Qwen3 with a static KV cache.
+
+Same weights, same state-dict keys and the same numerics as the book's
+`Qwen3Model` (RMSNorm in float32, split-halves RoPE with float32 cos/sin,
+qk-norm, grouped-query attention), arranged the way fast inference code is
+(gpt-fast): the KV cache is preallocated for prompt + new tokens and
+written in place, the position is a tensor and the causal mask a comparison
+against a precomputed `arange`, so every decode step has the same shapes
+and can be compiled or replayed. How a decode step is run (eager, compiled,
+one C call) is `utils.fast.steps`'s business; this module only computes.
+
+Eager code computes the book's operations in the book's order and dtypes;
+its linear layers give exactly `F.linear`'s results (see
+`utils.fast.kernels.linear`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from reasoning_from_scratch.qwen3 import RMSNorm, compute_rope_params
+
+from utils.fast.kernels import (
+    get_kernels,
+    int8_linear_group,
+    linear,
+    linear_group,
+    supports,
+)
+from utils.fast.quantize import Int8Linear, quantize_int8
+
+__all__ = [
+    "CACHE_ROUND",
+    "KernelLinear",
+    "StaticQwen3",
+    "block_forward",
+    "cache_length_for",
+    "greedy_step",
+]
+
+# Cache lengths are rounded up to this multiple, so nearby prompt lengths
+# reuse one compiled decode step instead of recompiling for every length.
+CACHE_ROUND = 64
+
+
+def cache_length_for(num_tokens: int, context_length: int) -> int:
+    """The KV-cache length used for `num_tokens` positions: rounded up to a
+    multiple of CACHE_ROUND, never beyond the model's context length."""
+    rounded = -(-num_tokens // CACHE_ROUND) * CACHE_ROUND
+    return max(num_tokens, min(rounded, context_length))
+
+
+# ---------------------------------------------------------------------------
+# Building blocks (parameter names match the book's modules)
+# ---------------------------------------------------------------------------
+
+
+class KernelLinear(nn.Linear):
+    """`nn.Linear` whose single-row (decode) products may use the CPU
+    matrix-vector kernel (bias-free layers only, as in Qwen3); `use_kernel`
+    is set by the model (`use_cpu_matvec`)."""
+
+    use_kernel = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_kernel and self.bias is None:
+            return linear(x, self.weight)
+        return F.linear(x, self.weight, self.bias)
+
+
+def project(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
+    """`[layer(x) for layer in layers]` for bias-free layers that share x
+    (q/k/v, gate/up): one kernel call for a decode row when all of them use
+    the CPU kernel, with the same results as calling them one by one."""
+    if (
+        all(getattr(m, "use_kernel", False) for m in layers)
+        and x.numel() == x.shape[-1]
+    ):
+        if all(type(m) is KernelLinear and m.bias is None for m in layers):
+            return linear_group(x, [m.weight for m in layers])
+        if all(type(m) is Int8Linear for m in layers):
+            weights = [m.weight_int8 for m in layers]
+            if all(supports(x, w) for w in weights):
+                scales = [m.scales for m in layers]
+                return int8_linear_group(x, weights, scales)
+    return [m(x) for m in layers]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Split-halves RoPE. x: (b, heads, t, head_dim); cos/sin: (t, head_dim)
+    float32, already gathered at the token positions."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    # float32 products as in the book, then back to the model dtype
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU feed-forward with the book's names fc1 (gate), fc2 (up), fc3."""
+
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        super().__init__()
+        emb, hid, dt = cfg["emb_dim"], cfg["hidden_dim"], cfg["dtype"]
+        self.fc1 = KernelLinear(emb, hid, bias=False, dtype=dt)
+        self.fc2 = KernelLinear(emb, hid, bias=False, dtype=dt)
+        self.fc3 = KernelLinear(hid, emb, bias=False, dtype=dt)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = project(x, [self.fc1, self.fc2])
+        return self.fc3(F.silu(gate) * up)
+
+
+class GroupedQueryAttention(nn.Module):
+    """GQA that reads and writes a static KV cache held as buffers."""
+
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.num_heads = cfg["n_heads"]
+        self.num_kv_groups = cfg["n_kv_groups"]
+        if self.num_heads % self.num_kv_groups:
+            raise ValueError("n_heads must be divisible by n_kv_groups")
+        self.head_dim = cfg["head_dim"] or cfg["emb_dim"] // cfg["n_heads"]
+        emb, dt = cfg["emb_dim"], cfg["dtype"]
+        d_out = self.num_heads * self.head_dim
+        d_kv = self.num_kv_groups * self.head_dim
+        self.W_query = KernelLinear(emb, d_out, bias=False, dtype=dt)
+        self.W_key = KernelLinear(emb, d_kv, bias=False, dtype=dt)
+        self.W_value = KernelLinear(emb, d_kv, bias=False, dtype=dt)
+        self.out_proj = KernelLinear(d_out, emb, bias=False, dtype=dt)
+        if cfg["qk_norm"]:
+            self.q_norm = RMSNorm(self.head_dim)
+            self.k_norm = RMSNorm(self.head_dim)
+        else:
+            self.q_norm = self.k_norm = None
+        # (b, kv_groups, cache_len, head_dim); allocated by setup_cache
+        self.register_buffer("k_cache", None, persistent=False)
+        self.register_buffer("v_cache", None, persistent=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        input_pos: torch.Tensor,
+        kv_len: int | None = None,
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = project(x, [self.W_query, self.W_key, self.W_value])
+        q = q.reshape(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.reshape(b, t, self.num_kv_groups, self.head_dim).transpose(1, 2)
+        v = v.reshape(b, t, self.num_kv_groups, self.head_dim)
+        v = v.transpose(1, 2)  # (b, kv_groups, t, head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+        # Write the new keys/values into their slots (in place, fixed shapes)
+        self.k_cache.index_copy_(2, input_pos, k)
+        self.v_cache.index_copy_(2, input_pos, v)
+
+        # Grouped-query attention without copying keys/values: the query heads
+        # that share kv group g (heads g*r .. g*r+r-1, as repeat_interleave in
+        # the book) are stacked along the token axis.
+        # (b, heads, t, d) -> (b, kv_groups, r*t, d)
+        r = self.num_heads // self.num_kv_groups
+        q = q.reshape(b, self.num_kv_groups, r * t, self.head_dim)
+        # kv_len (eager only) limits attention to the filled slots; the
+        # compiled step always reads the whole static cache, masked
+        keys, values = self.k_cache[:, :, :kv_len], self.v_cache[:, :, :kv_len]
+        if torch.compiler.is_compiling():
+            # Compiled decode step: one fused attention call (its float32
+            # internals skip the book's bf16 rounding of the scores; measured
+            # faster here than float32 scores + softmax left to inductor)
+            ctx = F.scaled_dot_product_attention(q, keys, values, attn_mask=~mask)
+        else:
+            # Eager: the book's operations, order and dtypes, so bf16
+            # rounds exactly alike and greedy tokens match the book's
+            scores = q @ keys.transpose(2, 3)  # (b, kv_groups, r*t, kv_len)
+            scores = scores.masked_fill(mask, -torch.inf)
+            weights = torch.softmax(scores / self.head_dim**0.5, dim=-1)
+            ctx = weights @ values  # (b, kv_groups, r*t, d)
+        ctx = ctx.view(b, self.num_heads, t, self.head_dim).transpose(1, 2)
+        return self.out_proj(ctx.reshape(b, t, self.num_heads * self.head_dim))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.att = GroupedQueryAttention(cfg)
+        self.ff = FeedForward(cfg)
+        self.norm1 = RMSNorm(cfg["emb_dim"])
+        self.norm2 = RMSNorm(cfg["emb_dim"])
+
+    def forward(self, x, cos, sin, mask, input_pos, kv_len=None):
+        x = x + self.att(self.norm1(x), cos, sin, mask, input_pos, kv_len)
+        return x + self.ff(self.norm2(x))
+
+
+# ---------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------
+
+BlockFn = Callable[..., torch.Tensor]
+
+
+def block_forward(block, x, cos, sin, mask, input_pos, kv_len=None):
+    """One transformer layer; one function for every layer, so a compiled
+    block (`compile_decode(scope="block")`) is compiled only once."""
+    return block(x, cos, sin, mask, input_pos, kv_len)
+
+
+class StaticQwen3(nn.Module):
+    """Qwen3 with a static KV cache; loads the book's `Qwen3Model` state dict
+    (same keys) and computes the same function."""
+
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.cfg = dict(cfg)
+        self.tok_emb = nn.Embedding(
+            cfg["vocab_size"], cfg["emb_dim"], dtype=cfg["dtype"]
+        )
+        self.trf_blocks = nn.ModuleList(
+            [TransformerBlock(cfg) for _ in range(cfg["n_layers"])]
+        )
+        self.final_norm = RMSNorm(cfg["emb_dim"])
+        self.out_head = KernelLinear(
+            cfg["emb_dim"], cfg["vocab_size"], bias=False, dtype=cfg["dtype"]
+        )
+        self.head_dim = cfg["head_dim"] or cfg["emb_dim"] // cfg["n_heads"]
+        self.register_buffer("cos", None, persistent=False)
+        self.register_buffer("sin", None, persistent=False)
+        self.register_buffer("positions", None, persistent=False)
+        self._kernel_wanted = True  # applied by apply_cpu_matvec (prefill)
+
+    # -- construction --------------------------------------------------------
+
+    @classmethod
+    def from_state_dict(
+        cls, cfg: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor]
+    ) -> StaticQwen3:
+        """Build without random init and adopt the tensors of a book state dict
+        (no copy; e.g. `torch.load(path, weights_only=True)`)."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        sd = dict(state_dict)
+        tied = "out_head.weight" not in sd and "tok_emb.weight" in sd
+        if tied:
+            sd["out_head.weight"] = sd["tok_emb.weight"]
+        model.load_state_dict(sd, strict=True, assign=True)
+        if tied:  # one shared Parameter, as in the tied Qwen3 checkpoints
+            model.out_head.weight = model.tok_emb.weight
+        return model.eval()
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | os.PathLike,
+        cfg: Mapping[str, Any] | None = None,
+        int8: bool = False,
+    ) -> StaticQwen3:
+        """Load a book checkpoint (.pth) memory-mapped, without a copy in
+        RAM; with `int8=True` quantize it layer by layer, so the bf16
+        weights are never all resident at once (see utils.fast.quantize)."""
+        from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B
+
+        cfg = dict(cfg or QWEN_CONFIG_06_B)
+        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        sd = {k: v.to(cfg["dtype"]) for k, v in sd.items()}
+        model = cls.from_state_dict(cfg, sd)
+        del sd
+        if int8:
+            quantize_int8(model)
+        return model
+
+    @classmethod
+    def from_book_model(cls, model: nn.Module) -> StaticQwen3:
+        """Wrap a book `Qwen3Model`: parameters are shared, not copied, so both
+        models see the same weights (and tying is kept)."""
+        if not hasattr(model, "cfg") or not hasattr(model, "trf_blocks"):
+            raise TypeError(
+                "from_book_model expects the book's Qwen3Model (with .cfg); "
+                f"got {type(model).__name__}"
+            )
+        fast = cls.from_state_dict(model.cfg, model.state_dict(keep_vars=True))
+        if model.out_head.weight is model.tok_emb.weight:
+            fast.out_head.weight = fast.tok_emb.weight
+        return fast
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights are."""
+        return self.final_norm.scale.device
+
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        """The activations' dtype (the embedding's, bf16 or int8-backed)."""
+        emb = self.tok_emb
+        return emb.dtype if hasattr(emb, "weight_int8") else emb.weight.dtype
+
+    # -- CPU matrix-vector kernel ----------------------------------------------
+
+    def use_cpu_matvec(self, enabled: bool = True) -> bool:
+        """Choose whether decode steps on CPU use the AVX2 matrix-vector
+        kernel (default: yes). Returns whether it is active now."""
+        self._kernel_wanted = enabled
+        return self.apply_cpu_matvec()
+
+    @property
+    def cpu_matvec_wanted(self) -> bool:
+        """What `use_cpu_matvec` last asked for."""
+        return self._kernel_wanted
+
+    def apply_cpu_matvec(self) -> bool:
+        """Switch the layers' kernel use to what is wanted and possible here
+        (the kernel is built on first use); returns whether it is active."""
+        on_cpu = self.device.type == "cpu"
+        active = bool(self._kernel_wanted and on_cpu and get_kernels())
+        for module in self.modules():
+            if hasattr(module, "use_kernel") and module.use_kernel != active:
+                module.use_kernel = active  # KernelLinear, Int8Linear
+        return active
+
+    def cpu_matvec_active(self) -> bool:
+        """Whether the linear layers currently use the CPU kernel."""
+        return any(getattr(m, "use_kernel", False) for m in self.modules())
+
+    # -- cache -----------------------------------------------------------------
+
+    @property
+    def cache_shape(self) -> tuple[int, ...] | None:
+        """(batch, kv_groups, cache_len, head_dim) of the current cache."""
+        kc = self.trf_blocks[0].att.k_cache
+        return None if kc is None else tuple(kc.shape)
+
+    def setup_cache(
+        self, batch_size: int, num_tokens: int, device: torch.device | str | None = None
+    ) -> int:
+        """Make sure a KV cache for `num_tokens` positions exists (rounded up,
+        see `cache_length_for`); reuses the current one when it has that shape.
+        Returns the cache length."""
+        device = torch.device(device) if device is not None else self.device
+        length = cache_length_for(num_tokens, self.cfg["context_length"])
+        dtype = self.activation_dtype
+        n_kv = self.cfg["n_kv_groups"]
+        shape = (batch_size, n_kv, length, self.head_dim)
+        kc = self.trf_blocks[0].att.k_cache
+        if kc is not None and tuple(kc.shape) == shape and kc.device == device:
+            if kc.dtype == dtype:
+                return length
+        for block in self.trf_blocks:
+            block.att.k_cache = torch.zeros(shape, dtype=dtype, device=device)
+            block.att.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+        # Same float32 cos/sin values as the book's buffers, only fewer rows
+        cos, sin = compute_rope_params(
+            self.head_dim, theta_base=self.cfg["rope_base"], context_length=length
+        )
+        self.cos, self.sin = cos.to(device), sin.to(device)
+        self.positions = torch.arange(length, device=device)
+        return length
+
+    # -- forward -------------------------------------------------------------
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        input_pos: torch.Tensor,
+        kv_len: int | None = None,
+        block_fn: BlockFn | None = None,
+    ) -> torch.Tensor:
+        """Logits for tokens `idx` (b, t) placed at positions `input_pos` (t,);
+        their keys/values are written into the cache first.
+
+        `kv_len` (a Python int, the number of filled cache slots) lets eager
+        code attend over exactly those slots, which rounds exactly like the
+        book in bf16; None (compiled step) keeps every shape static.
+        `block_fn(block, x, cos, sin, mask, input_pos, kv_len)` runs each
+        layer (default `block_forward`; a compiled block replaces it).
+        """
+        if self.positions is None:
+            raise RuntimeError("Call setup_cache(batch_size, num_tokens) first.")
+        x = self.tok_emb(idx)  # (b, t, emb_dim)
+        cos, sin = self.cos[input_pos], self.sin[input_pos]  # (t, head_dim)
+        # True where query i must NOT see key j (j > its position), repeated
+        # for the r query heads stacked per kv group: (r*t, cache_len)
+        r = self.cfg["n_heads"] // self.cfg["n_kv_groups"]
+        positions = self.positions[:kv_len]
+        mask = (positions[None, :] > input_pos[:, None]).repeat(r, 1)
+        run_block = block_fn or block_forward
+        for block in self.trf_blocks:
+            x = run_block(block, x, cos, sin, mask, input_pos, kv_len)
+        x = self.final_norm(x)
+        return self.out_head(x)  # (b, t, vocab_size)
+
+
+def greedy_step(
+    model: StaticQwen3,
+    cur_token: torch.Tensor,
+    input_pos: torch.Tensor,
+    kv_len: int | None = None,
+    block_fn: BlockFn | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step computed by `model` itself: (next token (b, 1), the
+    last position's logits (b, vocab)). Every kind of decode step in
+    `utils.fast.steps` is this function, compiled or not, or replaces it."""
+    logits = model(cur_token, input_pos, kv_len, block_fn)[:, -1]
+    return torch.argmax(logits, dim=-1, keepdim=True), logits

@@ -1,0 +1,279 @@
+"""The whole decode step as one C call (CPU, batch 1): the Python side.
+
+The eager step makes about a hundred small torch calls per token (norms,
+RoPE, cache writes, attention, activations) around the matrix-vector
+kernels; on a small CPU those calls cost as much as reading the weights.
+torch.compile removes most of them but takes seconds to minutes to
+compile. `qwen3_decode_step` (csrc/decode_step.c) runs the same step,
+embedding to logits, in one call with no compile at all.
+
+Why our own C instead of a library: llama.cpp-style runtimes need their
+own weight files; this step reads the model's tensors in place (the same
+bf16 or int8 weights and KV cache), so prefill, eager and compiled steps
+can be mixed freely. The C side receives one table of pointers whose
+layout `csrc/step_layout.h` defines and the library reports by name
+(`Library.layout`); this module fills the table by those names.
+
+Numerics: bf16 is rounded at the same points as the book's model, but the
+float32 sums inside the small operations (norms, softmax, attention) run in
+their own order, so tokens are close to the eager step's, not guaranteed
+equal (measured by `ch02/03_fast-decoding/agreement.py`).
+"""
+
+from __future__ import annotations
+
+import array
+from typing import Any
+
+import torch
+
+from utils.fast.kernels import get_kernels
+from utils.fast.model import greedy_step
+
+__all__ = ["NativeStep", "unsupported_reason"]
+
+# The layer's linear layers as (weight slot, scales slot, module, attribute)
+_LINEARS = (
+    ("WQ", "SQ", "att", "W_query"),
+    ("WK", "SK", "att", "W_key"),
+    ("WV", "SV", "att", "W_value"),
+    ("WO", "SO", "att", "out_proj"),
+    ("W1", "S1", "ff", "fc1"),
+    ("W2", "S2", "ff", "fc2"),
+    ("W3", "S3", "ff", "fc3"),
+)
+# Layers that share one input go through one grouped call in C
+_GROUPS = (("W_query", "W_key", "W_value"), ("out_proj",), ("fc1", "fc2"), ("fc3",))
+# The slot names this module fills, per section of the reported layout
+LAYOUT_NAMES = {
+    "global": {"EMB", "EMB_SCALE", "FINAL_NORM", "HEAD", "HEAD_SCALE", "COS", "SIN"},
+    "layer": {"NORM1", "NORM2", "QNORM", "KNORM", "KC", "VC"}
+    | {name for slots in _LINEARS for name in slots[:2]},
+    "dims": {"LAYERS", "EMB", "HEADS", "KV", "HEAD_DIM", "HIDDEN", "VOCAB", "CACHE"},
+}
+
+
+def _weight(layer: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, scales or None) of a KernelLinear or Int8Linear."""
+    if hasattr(layer, "weight_int8"):
+        return layer.weight_int8, layer.scales
+    return layer.weight, None
+
+
+def _norm_ok(norm: Any, eps: float) -> bool:
+    return (
+        norm is not None
+        and getattr(norm, "shift", None) is None
+        and getattr(norm, "qwen3_compatible", True)
+        and float(norm.eps) == eps
+    )
+
+
+def _layers_reason(model: Any) -> str | None:
+    """Why the model's layers do not fit the C step (None: they do)."""
+    eps = float(model.final_norm.eps)
+    layers = [model.out_head]
+    for block in model.trf_blocks:
+        att, ff = block.att, block.ff
+        norms = [block.norm1, block.norm2]
+        if att.q_norm is not None:
+            norms += [att.q_norm, att.k_norm]
+        if not all(_norm_ok(n, eps) for n in norms):
+            return "its RMSNorm layers differ from Qwen3's"
+        for group in _GROUPS:
+            mods = [getattr(att if hasattr(att, n) else ff, n) for n in group]
+            if len({_weight(m)[1] is None for m in mods}) > 1:
+                return "layers sharing an input mix int8 and bf16 weights"
+            layers += mods
+    for layer in layers:
+        w, s = _weight(layer)
+        if getattr(layer, "bias", None) is not None:
+            return "its linear layers have biases"
+        if w.dtype not in (torch.bfloat16, torch.int8) or not w.is_contiguous():
+            return "its weights must be contiguous bf16 or int8"
+        if s is not None and (s.dtype != torch.float32 or not s.is_contiguous()):
+            return "its int8 scales must be contiguous float32"
+    return None
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """Why the native step cannot run this model here (None: it can)."""
+    kernels = get_kernels()
+    if kernels is None:
+        return "the CPU kernels are not available here"
+    layout = kernels.library.layout
+    if {k: set(v) for k, v in layout.items()} != LAYOUT_NAMES:
+        return "the C library reports another decode-step table layout"
+    if model.device.type != "cpu":
+        return "it runs on the CPU only"
+    if model.activation_dtype != torch.bfloat16:
+        return f"it needs a bf16 model (this one is {model.activation_dtype})"
+    cfg = model.cfg
+    if cfg["emb_dim"] % 16 or cfg["hidden_dim"] % 16 or model.head_dim % 16:
+        return "the model's sizes must be multiples of 16"
+    return _layers_reason(model)
+
+
+class NativeStep:
+    """The decode step as one C call, for a `StaticQwen3` (a `DecodeStep` of
+    utils.fast.steps): `step(model, cur_token, input_pos, kv_len)` ->
+    (next token (1, 1), logits).
+
+    Batches other than 1 (and a model set to `use_cpu_matvec(False)`)
+    take the eager step. `exact=True` sums the bf16 products in ATen's dot
+    order (the exact kernel); False uses the faster-ordered one.
+    It reads the weights the model had when it was made (and keeps them
+    alive); a FastQwen3 renews or drops it when its weights are replaced."""
+
+    kind = "native"
+
+    def __init__(self, model: Any, exact: bool = True) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"native decode step unavailable: {reason}")
+        self.exact = exact
+        self._kernels = get_kernels()
+        layout = self._kernels.library.layout
+        self._g = {name: i for i, name in enumerate(layout["global"])}
+        self._l = {name: i for i, name in enumerate(layout["layer"])}
+        self._d = {name: i for i, name in enumerate(layout["dims"])}
+        # every tensor the table points at (weights, float32 norm copies)
+        self._keep: list[torch.Tensor] = []
+        cfg = model.cfg
+        self._vocab = cfg["vocab_size"]
+        dims = {
+            "LAYERS": cfg["n_layers"], "EMB": cfg["emb_dim"],
+            "HEADS": cfg["n_heads"], "KV": cfg["n_kv_groups"],
+            "HEAD_DIM": model.head_dim, "HIDDEN": cfg["hidden_dim"],
+            "VOCAB": cfg["vocab_size"], "CACHE": 0,  # set per cache
+        }  # fmt: skip
+        self._dims = array.array("l", [0] * len(self._d))
+        for name, value in dims.items():
+            self._dims[self._d[name]] = value
+        self._eps = float(model.final_norm.eps)
+        self._table = array.array("Q", self._static_table(model))
+        self._atts = [block.att for block in model.trf_blocks]
+        # the cos/sin and cache tensors the table points at, held so their
+        # memory cannot be freed and reused while the table names it
+        self._cache_refs: tuple[torch.Tensor, ...] = ()
+        self._keep_cache: tuple[torch.Tensor, ...] = ()
+        self._next = array.array("l", [0])  # the argmax, written by C
+
+    @property
+    def cache_length(self) -> int:
+        """The cache length the table was last pointed at (0: none yet)."""
+        return self._dims[self._d["CACHE"]]
+
+    def cos_pointer(self) -> int:
+        """The address the table gives the C step for cos (for the tests)."""
+        return self._table[self._g["COS"]]
+
+    def _hold(self, t: torch.Tensor | None) -> int:
+        """t's address (0 for None), kept alive as long as this step."""
+        if t is None:
+            return 0
+        self._keep.append(t)
+        return t.data_ptr()
+
+    def _f32(self, t: torch.Tensor | None) -> int:
+        """A float32 contiguous copy of t (a norm's scale), held; 0 for None."""
+        return 0 if t is None else self._hold(t.detach().float().contiguous())
+
+    def _layer_slots(self, block: Any) -> list[int]:
+        att, ff = block.att, block.ff
+        slots = [0] * len(self._l)
+        slots[self._l["NORM1"]] = self._f32(block.norm1.scale)
+        slots[self._l["NORM2"]] = self._f32(block.norm2.scale)
+        if att.q_norm is not None:  # else 0: no qk-norm
+            slots[self._l["QNORM"]] = self._f32(att.q_norm.scale)
+            slots[self._l["KNORM"]] = self._f32(att.k_norm.scale)
+        for w_slot, s_slot, owner, name in _LINEARS:
+            w, s = _weight(getattr(att if owner == "att" else ff, name))
+            slots[self._l[w_slot]] = self._hold(w)
+            slots[self._l[s_slot]] = self._hold(s)
+        return slots  # KC, VC: filled per cache
+
+    def _static_table(self, model: Any) -> list[int]:
+        emb = model.tok_emb
+        if hasattr(emb, "weight_int8"):
+            emb_t = [emb.weight_int8, emb.scales]
+        else:
+            emb_t = [emb.weight]
+        if not all(t.is_contiguous() for t in emb_t):
+            raise ValueError("native decode step: the embedding must be contiguous")
+        head_w, head_s = _weight(model.out_head)
+        table = [0] * len(self._g)  # COS, SIN: filled per cache
+        table[self._g["EMB"]] = self._hold(emb_t[0])
+        table[self._g["EMB_SCALE"]] = self._hold(emb_t[1] if len(emb_t) > 1 else None)
+        table[self._g["FINAL_NORM"]] = self._f32(model.final_norm.scale)
+        table[self._g["HEAD"]] = self._hold(head_w)
+        table[self._g["HEAD_SCALE"]] = self._hold(head_s)
+        for block in model.trf_blocks:
+            table += self._layer_slots(block)
+        return table
+
+    def _point_at_cache(self, model: Any) -> None:
+        """Point the table at the model's current cache and cos/sin rows
+        (checked by identity each step: a few microseconds)."""
+        current = (model.cos, model.sin)
+        current += tuple(t for a in self._atts for t in (a.k_cache, a.v_cache))
+        held = self._cache_refs
+        if len(held) == len(current) and all(
+            a is b for a, b in zip(current, held, strict=True)
+        ):
+            return
+        cos, sin = model.cos.contiguous(), model.sin.contiguous()
+        caches = current[2:]
+        if not all(t.is_contiguous() for t in caches):
+            raise ValueError("the KV cache must be contiguous")
+        self._table[self._g["COS"]] = cos.data_ptr()
+        self._table[self._g["SIN"]] = sin.data_ptr()
+        per_layer, kc, vc = len(self._l), self._l["KC"], self._l["VC"]
+        for i in range(len(self._atts)):
+            base = len(self._g) + i * per_layer
+            self._table[base + kc] = caches[2 * i].data_ptr()
+            self._table[base + vc] = caches[2 * i + 1].data_ptr()
+        self._dims[self._d["CACHE"]] = caches[0].shape[2]
+        # the identity check needs the model's own objects; the pointers
+        # may name contiguous copies: hold both
+        self._cache_refs = current
+        self._keep_cache = (cos, sin)
+
+    def _usable(self, model: Any, cur_token: torch.Tensor) -> bool:
+        cache = model.trf_blocks[0].att.k_cache
+        return (
+            cur_token.shape == (1, 1)
+            and cur_token.device.type == "cpu"
+            and model.cpu_matvec_wanted
+            and cache is not None
+            and cache.shape[0] == 1
+            and cache.dtype == torch.bfloat16
+        )
+
+    def __call__(
+        self,
+        model: Any,
+        cur_token: torch.Tensor,
+        input_pos: torch.Tensor,
+        kv_len: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self._usable(model, cur_token):
+            return greedy_step(model, cur_token, input_pos, kv_len)
+        self._point_at_cache(model)
+        pos, token = int(input_pos.reshape(-1)[0]), int(cur_token[0, 0])
+        logits = torch.empty(1, self._vocab, dtype=torch.bfloat16)
+        rc = self._kernels.lib.qwen3_decode_step(
+            self._dims.buffer_info()[0], self._eps, self._table.buffer_info()[0],
+            token, pos, int(self.exact), logits.data_ptr(),
+            self._next.buffer_info()[0], torch.get_num_threads(),
+        )  # fmt: skip
+        if rc == 1:
+            raise ValueError(
+                f"native decode step: token {token} must be in [0, "
+                f"{self._vocab}) and position {pos} inside the KV cache "
+                f"({self.cache_length} slots; call setup_cache for more)"
+            )
+        if rc:
+            raise MemoryError("native decode step: out of memory")
+        # torch.argmax's choice (first maximum, NaN first), made in C
+        return torch.tensor([[self._next[0]]]), logits

@@ -1,0 +1,367 @@
+"""Decode steps, and prefill / decode / generate with them (gpt-fast style).
+
+A decode step turns one token (b, 1) at one position into the next token
+and the logits. Three kinds implement the one `DecodeStep` protocol:
+
+* `EagerStep`: the model's own forward (`greedy_step`), attending
+  over exactly the filled cache slots;
+* `CompiledStep`: the whole step as one torch.compile graph (replayed with
+  CUDA graphs on CUDA), or only the transformer block, compiled once for
+  all layers (a short compile for a reader's first run); if compiling
+  fails it says so in one line and runs eager from then on;
+* `NativeStep` (`utils.fast.native`): the whole step as one C call on CPUs.
+
+`FastQwen3` is the model with a chosen step; `generate` streams `(batch, 1)`
+tokens exactly like the book's `generate_text_basic_stream_cache`, and
+`pick_faster` times the kinds on this machine and keeps the fastest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+import torch
+
+from utils.device import synchronize
+from utils.fast.model import StaticQwen3, block_forward, greedy_step
+from utils.fast.native import NativeStep, unsupported_reason
+from utils.generation import check_generation_inputs
+
+__all__ = [
+    "CompiledStep",
+    "DecodeStep",
+    "EagerStep",
+    "FastQwen3",
+    "decode_one_token",
+    "generate",
+    "pick_faster",
+    "prefill",
+]
+
+
+class DecodeStep(Protocol):
+    """`step(model, cur_token (b, 1), input_pos (1,), kv_len)` -> (next
+    token (b, 1), logits (b, vocab)); `kv_len`, the number of filled cache
+    slots, is a hint that static-shape steps ignore."""
+
+    kind: str  # "eager", "compiled" or "native"
+
+    def __call__(
+        self,
+        model: StaticQwen3,
+        cur_token: torch.Tensor,
+        input_pos: torch.Tensor,
+        kv_len: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class EagerStep:
+    """The model's own forward, over `kv_len` cache slots when given."""
+
+    kind = "eager"
+
+    def __call__(self, model, cur_token, input_pos, kv_len=None):
+        return greedy_step(model, cur_token, input_pos, kv_len)
+
+
+EAGER = EagerStep()
+
+
+class CompiledStep:
+    """Calls a compiled step, `compiled(model, cur_token, input_pos)`, or,
+    with `block_fn` (scope "block"), the eager step with that compiled
+    layer. If compiling fails (e.g. no C++ compiler) it prints one line and
+    runs the eager step from then on (`failed`)."""
+
+    kind = "compiled"
+
+    def __init__(
+        self,
+        compiled: Callable | None = None,
+        block_fn: Callable | None = None,
+        scope: str = "step",
+    ) -> None:
+        self.compiled = compiled
+        self.block_fn = block_fn
+        self.scope = scope
+        self.failed = False
+
+    @classmethod
+    def build(cls, scope: str, **compile_kwargs: Any) -> CompiledStep:
+        """torch.compile the whole step (scope "step") or the block."""
+        if scope == "block":
+            return cls(
+                block_fn=torch.compile(block_forward, **compile_kwargs), scope=scope
+            )
+        return cls(torch.compile(greedy_step, **compile_kwargs), scope=scope)
+
+    def __call__(self, model, cur_token, input_pos, kv_len=None):
+        if not self.failed:
+            try:
+                if self.block_fn is not None:  # static shapes: no kv_len
+                    return greedy_step(model, cur_token, input_pos, None, self.block_fn)
+                return self.compiled(model, cur_token, input_pos)
+            except Exception as exc:  # noqa: BLE001 - any compiler failure
+                self._fail(exc)
+        return greedy_step(model, cur_token, input_pos, kv_len)
+
+    def _fail(self, exc: Exception) -> None:
+        from utils.compile import compile_hint
+
+        self.failed = True
+        lines = str(exc).strip().splitlines()
+        reason = lines[0][:160] if lines else type(exc).__name__
+        print(
+            f"utils.fast: torch.compile failed ({type(exc).__name__}: "
+            f"{reason}); using the eager decode step. {compile_hint(exc)}"
+        )
+
+
+def _renew_native_step(model: FastQwen3, incompatible: Any) -> None:
+    # a native step points at the weights: renew it when they are replaced
+    step = model.decode_step
+    if isinstance(step, NativeStep):
+        model.decode_step = NativeStep(model, exact=step.exact)
+
+
+class FastQwen3(StaticQwen3):
+    """The static-cache Qwen3 (`StaticQwen3`) with the decode step that
+    `generate` uses: eager by default, or compiled (`compile_decode`), or
+    native (`use_native_step`)."""
+
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        super().__init__(cfg)
+        self._step: DecodeStep = EAGER
+        self.compile_scope: str | None = None  # "step" or "block" once compiled
+        self.register_load_state_dict_post_hook(_renew_native_step)
+
+    @property
+    def decode_step(self) -> DecodeStep:
+        """The step `decode_one_token` and `generate` use."""
+        return self._step
+
+    @decode_step.setter
+    def decode_step(self, step: DecodeStep | None) -> None:
+        self._step = EAGER if step is None else step
+
+    def on_layers_replaced(self) -> None:
+        """Drop a compiled or native step that saw the old layers (called by
+        `quantize_int8`)."""
+        self.decode_step, self.compile_scope = None, None
+
+    def compile_decode(
+        self,
+        mode: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        scope: str = "step",
+    ) -> FastQwen3:
+        """Compile the decode step used by `generate`.
+
+        scope="step": the whole step as one graph (fastest per token; on
+        CUDA replayed with CUDA graphs, mode="reduce-overhead"; on CPU plain
+        inductor, whose fused loops around the matrix-vector kernel leave
+        little but the weight reads). scope="block": only the transformer
+        block, compiled once and reused by every layer (all layers have the
+        same shapes), the rest eager: a fraction of the compile time, a
+        little slower per token. If compiling fails, generation falls back
+        to eager with a one-line message."""
+        if scope not in ("step", "block"):
+            raise ValueError(f'scope must be "step" or "block", got {scope!r}')
+        if mode is None and options is None and self.device.type == "cuda":
+            mode = "reduce-overhead" if scope == "step" else None
+        kwargs: dict[str, Any] = {"fullgraph": True, "dynamic": False}
+        if mode is not None:
+            kwargs["mode"] = mode
+        if options:
+            kwargs["options"] = dict(options)
+        self.decode_step = CompiledStep.build(scope, **kwargs)
+        self.compile_scope = scope
+        return self
+
+    def decode_compiled(self) -> bool:
+        """Whether `generate` will use a compiled decode step."""
+        step = self.decode_step
+        return isinstance(step, CompiledStep) and not step.failed
+
+    def native_unsupported_reason(self) -> str | None:
+        """Why the native step cannot run this model here (None: it can)."""
+        return unsupported_reason(self)
+
+    def use_native_step(self, enabled: bool = True, exact: bool = True) -> bool:
+        """Run each decode step (batch 1, CPU) as one C call, no compile
+        needed (close to, not bit-equal with, eager). Replaces a compiled
+        step. Returns whether it is on; where it cannot run, prints one line
+        saying why and keeps the current step."""
+        if not enabled:
+            if self.decode_native():
+                self.decode_step = None
+            return False
+        reason = unsupported_reason(self)
+        if reason is not None:
+            print(f"utils.fast: native decode step off ({reason})")
+            return False
+        self.decode_step = NativeStep(self, exact=exact)
+        self.compile_scope = None
+        return True
+
+    def decode_native(self) -> bool:
+        """Whether `generate` will use the native (one C call) decode step."""
+        return isinstance(self.decode_step, NativeStep)
+
+
+# ---------------------------------------------------------------------------
+# Prefill / decode / generate
+# ---------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def prefill(
+    model: StaticQwen3, token_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the prompt (b, t) from position 0, filling the cache; returns the
+    greedy next token (b, 1) and the last position's logits (b, vocab)."""
+    model.apply_cpu_matvec()
+    num_tokens = token_ids.shape[1]
+    input_pos = torch.arange(num_tokens, device=token_ids.device)
+    return greedy_step(model, token_ids, input_pos, num_tokens)
+
+
+@torch.inference_mode()
+def decode_one_token(
+    model: StaticQwen3,
+    cur_token: torch.Tensor,
+    input_pos: torch.Tensor,
+    kv_len: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step: token (b, 1) at position `input_pos` (shape (1,)) ->
+    (next token (b, 1), logits (b, vocab)), with the model's decode step
+    (eager for a plain StaticQwen3: over `kv_len` cache slots when given)."""
+    step = getattr(model, "decode_step", EAGER)
+    next_token, logits = step(model, cur_token, input_pos, kv_len)
+    # CUDA graphs reuse their output memory on the next replay: keep copies
+    return next_token.clone(), logits.clone()
+
+
+def _check_fast_model(model: Any) -> None:
+    if not isinstance(model, FastQwen3):
+        raise TypeError(
+            "generate() needs a FastQwen3; wrap the book's model with "
+            "FastQwen3.from_book_model(model)"
+        )
+
+
+def generate(
+    model: FastQwen3,
+    token_ids: torch.Tensor,
+    max_new_tokens: int,
+    eos_token_id: int | None = None,
+) -> Iterator[torch.Tensor]:
+    """Yield greedy tokens (shape (batch, 1)) like the book's
+    `generate_text_basic_stream_cache`: stop when every sequence produced
+    `eos_token_id`, never yielding it or anything after it."""
+    _check_fast_model(model)
+    check_generation_inputs(model, token_ids, max_new_tokens)
+    return _generate(model, token_ids, max_new_tokens, eos_token_id)
+
+
+@torch.inference_mode()
+def _generate(model, token_ids, max_new_tokens, eos_token_id):
+    if max_new_tokens == 0:
+        return
+    model.eval()
+    batch, prompt_len = token_ids.shape
+    device = token_ids.device
+    model.setup_cache(batch, prompt_len + max_new_tokens, device)
+
+    def step(token, input_pos, kv_len):
+        return decode_one_token(model, token, input_pos, kv_len)[0]
+
+    # On asynchronous devices, queue step i+1 before looking at token i: the
+    # EOS check then waits for a token that is already done while the device
+    # keeps working. On CPU nothing runs ahead, so compute only on demand.
+    look_ahead = device.type != "cpu"
+
+    token, _ = prefill(model, token_ids)
+    input_pos = torch.tensor([prompt_len], device=device)
+    for i in range(max_new_tokens):
+        more = i + 1 < max_new_tokens
+        if more and look_ahead:
+            upcoming = step(token, input_pos, prompt_len + i + 1)
+        if eos_token_id is not None and bool(torch.all(token == eos_token_id)):
+            break
+        yield token
+        if more and not look_ahead:
+            upcoming = step(token, input_pos, prompt_len + i + 1)
+        if more:
+            token = upcoming
+            input_pos = input_pos + 1
+
+
+def _time_step(
+    model: FastQwen3, step: DecodeStep, token_ids: torch.Tensor, length: int, steps: int
+) -> tuple[float, float]:
+    """(first step's seconds, median of the other `steps`) with `step`, from
+    a fresh prefill; waits for the device before each reading."""
+    model.decode_step = step
+    model.setup_cache(token_ids.shape[0], length)
+    token, _ = prefill(model, token_ids)
+    pos = torch.tensor([token_ids.shape[1]], device=token_ids.device)
+    times = []
+    for i in range(steps + 1):
+        t0 = time.perf_counter()
+        token, _ = decode_one_token(model, token, pos + i, int(pos) + i + 1)
+        synchronize(token.device)
+        times.append(time.perf_counter() - t0)
+    rest = sorted(times[1:])  # the first step may compile
+    return times[0], rest[len(rest) // 2]
+
+
+def pick_faster(
+    model: FastQwen3,
+    token_ids: torch.Tensor,
+    steps: int = 6,
+    max_new_tokens: int | None = None,
+    scope: str = "step",
+    native: bool = True,
+) -> dict[str, Any]:
+    """Time `steps` decode steps eager, compiled (compiling first with
+    `scope`, if not compiled yet) and, with `native` where it can run, as
+    one C call (`use_native_step`); keep the fastest. Give the
+    `max_new_tokens` you will generate, so the cache (and compiled code) has
+    the size `generate` will use. Returns {"choice": "eager"|"compiled"|
+    "native", "eager_s", "compiled_s", "native_s" (None if not timed),
+    "compile_s"} (median seconds per step; compile_s = first compiled step)."""
+    _check_fast_model(model)
+    if not isinstance(model.decode_step, CompiledStep):
+        model.compile_decode(scope=scope)
+    compiled = model.decode_step
+    length = token_ids.shape[1] + max(steps + 1, max_new_tokens or 0)
+    native_step = None
+    # the native step runs one CPU sequence
+    if native and token_ids.shape[0] == 1 and token_ids.device.type == "cpu":
+        if unsupported_reason(model) is None:
+            native_step = NativeStep(model)
+    with torch.inference_mode():  # as in generate: no guard mismatch
+        _, eager_s = _time_step(model, EAGER, token_ids, length, steps)
+        compile_s, compiled_s = _time_step(model, compiled, token_ids, length, steps)
+        native_s = None
+        if native_step is not None:
+            native_s = _time_step(model, native_step, token_ids, length, steps)[1]
+    timed = {"eager": (eager_s, EAGER)}
+    if not compiled.failed:
+        timed["compiled"] = (compiled_s, compiled)
+    if native_step is not None:
+        timed["native"] = (native_s, native_step)
+    choice = min(timed, key=lambda k: timed[k][0])
+    model.decode_step = timed[choice][1]
+    if choice == "native":
+        model.compile_scope = None
+    return {
+        "choice": choice,
+        "eager_s": eager_s,
+        "compiled_s": compiled_s,
+        "native_s": native_s,
+        "compile_s": compile_s,
+    }
