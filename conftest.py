@@ -5,9 +5,12 @@ including runs that collect only notebooks (`uv run pytest ch02/...ipynb`).
 Stand-in files go to a temporary folder this run owns (`QWEN3_STANDIN_DIR`),
 never to a `qwen3/` folder where a reader keeps real downloads; the CPU
 kernels are built into another one (`QWEN3_KERNEL_CACHE`), not into ~/.cache.
+Inductor's compiled code goes to one folder per `ATEN_CPU_CAPABILITY`.
 """
 
+import getpass
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,6 +32,7 @@ def pytest_configure(config: pytest.Config) -> None:
             folder = tempfile.mkdtemp(prefix=prefix)  # private: mode 700
             _OWN_DIRS.append((var, folder))
             os.environ[var] = folder
+    _inductor_cache_per_capability()
     # The sanitize file in addopts is relative to the repository root; make it
     # work when pytest is started from a subfolder too.
     sanitize = getattr(config.option, "nbval_sanitize_with", None)
@@ -36,6 +40,23 @@ def pytest_configure(config: pytest.Config) -> None:
         candidate = config.rootpath / sanitize
         if candidate.is_file():
             config.option.nbval_sanitize_with = str(candidate)
+
+
+def _inductor_cache_per_capability() -> None:
+    """Inductor's FX-graph cache does not key on ATEN_CPU_CAPABILITY: code
+    compiled in a default (AVX-512) run, reused under ATEN_CPU_CAPABILITY=avx2,
+    crashes with SIGBUS (torch 2.10). Each capability gets its own subfolder
+    of TORCHINDUCTOR_CACHE_DIR (a given one, else torch's default)."""
+    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not base:
+        try:
+            user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+        except (KeyError, OSError):  # no name for this uid
+            user = str(os.getuid()) if hasattr(os, "getuid") else "user"
+        base = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+    capability = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    folder = os.path.join(base, f"capability-{capability or 'native'}")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
