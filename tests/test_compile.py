@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny import tiny_config
 
+from tests.tiny import tiny_config
 from utils.compile import (
     BOOK_SETTING_MIN_TORCH,
     CompileResult,
@@ -122,6 +122,7 @@ def test_book_setting_stops_a_recompile_per_token():
     assert _graphs_for_generation(False, 7) > 3
 
 
+@pytest.mark.slow  # compiles a toy model with inductor
 def test_compiler_works_reports_a_broken_toolchain(monkeypatch, capsys):
     def broken_compile(model, **kwargs):
         raise RuntimeError("fatal error: Python.h: No such file or directory")
