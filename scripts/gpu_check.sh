@@ -27,11 +27,13 @@ PY
 uv run --locked python - <<'PY'
 import torch
 from reasoning_from_scratch.ch02 import generate_text_basic_stream_cache
-from utils.benchmark import load_book_model
+from utils.download import download_qwen3_small
 from utils.fast import FastQwen3, generate
+from utils.models import load_book_model_file
 
 dev = torch.device("cuda")
-book, _, standin = load_book_model(dev, torch.bfloat16)
+files = download_qwen3_small("base")
+book, standin = load_book_model_file(files.model, dev, torch.bfloat16), files.standin
 prompt = torch.tensor([[840, 20772, 3460, 4128, 4119, 13]], device=dev)
 want = [int(t) for t in generate_text_basic_stream_cache(book, prompt, 40)]
 fast = FastQwen3.from_book_model(book)
@@ -46,6 +48,6 @@ PY
 # 2. The benchmark, one table (JSON and CSV beside it).
 uv run --locked python -m utils.benchmark --device cuda --dtype bfloat16 \
     --max-new-tokens 100 --repeats 3 \
-    --modes kv_cache,kv_cache_compiled,optimized_compiled,fast,fast_compiled \
+    --modes regular,regular_compiled,kv_cache,kv_cache_compiled,optimized_compiled,hf_static,fast,fast_compiled \
     --json "$out/gpu-benchmark.json" --csv "$out/gpu-benchmark.csv"
 echo "gpu_check: results in $out"

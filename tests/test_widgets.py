@@ -118,18 +118,13 @@ def test_generation_panel_matches_generator(tok, model):
 
 
 def test_generation_panel_fast_toggle_state(tok, model):
-    from utils.streaming import fast_decode_available
-
     panel = widgets.generation_panel(model, tok, PROMPT, plain=False)
-    assert panel.fast_box.disabled is (not fast_decode_available())
-    if not fast_decode_available():
-        assert "needs utils.fast_decode" in panel.fast_box.tooltip
-    else:
-        panel.fast_box.value = True
-        panel.max_tokens.value = 6
-        panel.start()
-        assert panel.wait(timeout=60) and panel.error is None
-        assert panel.token_ids == reference_ids(model, tok, PROMPT, 6)
+    assert not panel.fast_box.disabled and "utils.fast" in panel.fast_box.tooltip
+    panel.fast_box.value = True
+    panel.max_tokens.value = 6
+    panel.start()
+    assert panel.wait(timeout=60) and panel.error is None
+    assert panel.token_ids == reference_ids(model, tok, PROMPT, 6)
 
 
 def test_stop_button_stops_a_running_generation(tok, model):
