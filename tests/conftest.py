@@ -1,18 +1,42 @@
-"""Shared pytest set-up: compiled kernels go to one temporary folder per
-test session, so the suite builds them once and never writes to the
-reader's own kernel cache (unless QWEN3_KERNEL_CACHE points elsewhere)."""
-
-import os
+"""The fixtures more than one test module uses. Stand-ins, kernels and
+compile caches go to folders this run owns (the root conftest.py sets
+QWEN3_STANDIN_DIR, QWEN3_KERNEL_CACHE and TORCHINDUCTOR_CACHE_DIR)."""
 
 import pytest
 
 
-@pytest.fixture(scope="session", autouse=True)
-def private_kernel_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        if not os.environ.get("QWEN3_KERNEL_CACHE"):
-            mp.setenv("QWEN3_KERNEL_CACHE", str(tmp_path_factory.mktemp("kernels")))
-        yield
+@pytest.fixture
+def tiny_cfg():
+    """The tiny float32 Qwen3 config of `tests.tiny` (GQA and qk-norm on)."""
+    from tests.tiny import tiny_config
+
+    return tiny_config()
+
+
+@pytest.fixture(scope="session")
+def tok(tmp_path_factory):
+    """The real Qwen3 base tokenizer (its offline rebuild), once a session."""
+    from tests._view_fixtures import load_tokenizer, standin_files
+
+    path, _ = standin_files(tmp_path_factory, "base", tokenizer_only=True)
+    return load_tokenizer(path)
+
+
+@pytest.fixture(scope="module")
+def model():
+    """A tiny random Qwen3 with the real vocabulary, one per test module
+    (tests may add hooks to it)."""
+    from tests._view_fixtures import tiny_model
+
+    return tiny_model()
+
+
+@pytest.fixture(scope="session")
+def standin_06b(tmp_path_factory):
+    """(tokenizer path, weights path) of the 0.6B base stand-in, built once."""
+    from tests._view_fixtures import standin_files
+
+    return standin_files(tmp_path_factory, "base", tokenizer_only=False)
 
 
 # --- the fast decoder's tests (tests/fast/) --------------------------------

@@ -10,9 +10,6 @@ import pytest
 import torch
 
 from tests._view_fixtures import (
-    load_tokenizer,
-    standin_files,
-    tiny_model,
     unknown_id_model,
 )
 from utils import device, streaming
@@ -26,17 +23,6 @@ from utils.streaming import (
 )
 
 PROMPT = "Explain large language models."
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    path, _ = standin_files(tmp_path_factory, "base", tokenizer_only=True)
-    return load_tokenizer(path)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model()
 
 
 class Scripted:

@@ -7,7 +7,7 @@ import unicodedata
 import pytest
 import torch
 
-from tests._view_fixtures import load_tokenizer, standin_files, tiny_model
+from tests._view_fixtures import load_tokenizer, standin_files
 from utils.streaming import Utf8StreamDecoder, decode_bytes
 from utils.token_view import (
     TopK,
@@ -36,16 +36,6 @@ def files(tmp_path_factory):
     base, _ = standin_files(tmp_path_factory, "base", tokenizer_only=True)
     reasoning, _ = standin_files(tmp_path_factory, "reasoning", tokenizer_only=True)
     return base, reasoning
-
-
-@pytest.fixture(scope="module")
-def tok(files):
-    return load_tokenizer(files[0])
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model()
 
 
 @pytest.mark.parametrize("text", TEXTS)

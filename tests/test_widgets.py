@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import time
 
-import pytest
 import torch
 
 from tests._view_fixtures import (
-    load_tokenizer,
-    standin_files,
-    tiny_model,
     unknown_id_model,
 )
 from utils import widgets
@@ -19,17 +15,6 @@ from utils.generation import generate_text_basic_stream_cache
 from utils.token_view import render_plain, token_spans, top_k_next_tokens
 
 PROMPT = "Explain large language models."
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    path, _ = standin_files(tmp_path_factory, "base", tokenizer_only=True)
-    return load_tokenizer(path)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model()
 
 
 def reference_ids(model, tok, prompt, n):
