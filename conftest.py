@@ -42,6 +42,15 @@ def pytest_configure(config: pytest.Config) -> None:
             config.option.nbval_sanitize_with = str(candidate)
 
 
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """Notebook cells (nbval) count as slow: `-m "not slow"` skips them."""
+    for item in items:
+        if item.nodeid.split("::")[0].endswith(".ipynb"):
+            item.add_marker(pytest.mark.slow)
+
+
 def _inductor_cache_per_capability() -> None:
     """Inductor's FX-graph cache does not key on ATEN_CPU_CAPABILITY: code
     compiled in a default (AVX-512) run, reused under ATEN_CPU_CAPABILITY=avx2,
