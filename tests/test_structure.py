@@ -136,3 +136,46 @@ def test_tests_write_only_into_pytests_own_temporary_folders():
             if needle in text:
                 offenders.append(f"{path.relative_to(tests)}: {needle}")
     assert not offenders, offenders
+
+
+MAX_C_FUNCTION_LINES = 80
+
+
+def c_function_lengths(text: str) -> dict[str, int]:
+    """{name: lines} of the top-level function definitions in C source: a
+    line at column 0 with a `(`, whose next `{` follows a `)` and comes
+    before any `;`, up to the first `}` at column 0."""
+    lines = text.splitlines()
+    lengths = {}
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line[:1].isalpha() and "(" in line and not line.startswith("typedef"):
+            rest = "\n".join(lines[i:])
+            brace, semi = rest.find("{"), rest.find(";")
+            head = rest[:brace].rstrip()
+            if brace != -1 and (semi == -1 or brace < semi) and head.endswith(")"):
+                end = next(j for j in range(i, len(lines)) if lines[j].startswith("}"))
+                name = line.split("(")[0].split()[-1].lstrip("*")
+                lengths[name] = end - i + 1
+                i = end
+        i += 1
+    return lengths
+
+
+def test_the_c_length_check_measures_functions():
+    src = (
+        "static int f(int a,\n          int b) {\n    return a + b;\n}\nint g(void);\n"
+    )
+    assert c_function_lengths(src) == {"f": 4}
+
+
+def test_c_functions_are_short_enough_to_read():
+    csrc = UTILS / "fast" / "csrc"
+    long = [
+        f"{path.name}:{name}: {n} lines"
+        for path in sorted(csrc.glob("*.[ch]"))
+        for name, n in c_function_lengths(path.read_text(encoding="utf-8")).items()
+        if n > MAX_C_FUNCTION_LINES
+    ]
+    assert csrc.is_dir() and not long, long
