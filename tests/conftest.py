@@ -80,3 +80,20 @@ def exact_calls(monkeypatch):
 
     monkeypatch.setattr(Kernels, "matvec_multi", spy)
     return calls
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kernel_variants_untimed():
+    """No test times the native step's kernel variants unless it asks:
+    QWEN3_KERNEL_VARIANTS=default (the AVX2 kernels, also in the commands
+    tests start) unless the run sets it; tests of the tuner and of each
+    variant pass their own setting."""
+    import os
+
+    from utils.fast.tuner import ENV
+
+    given = ENV in os.environ
+    os.environ.setdefault(ENV, "default")
+    yield
+    if not given:
+        os.environ.pop(ENV, None)

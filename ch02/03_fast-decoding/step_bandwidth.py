@@ -5,8 +5,10 @@ the same moment of a shared, drifting machine.
 
     QWEN3_STANDIN=1 uv run python ch02/03_fast-decoding/step_bandwidth.py [--rounds 30]
 
-Prints per precision the median step time, the GB/s it reads and the median
-of step-speed / sum-speed over the rounds (1.00 = at the memory limit).
+Prints per precision the kernel variant the step ran (chosen for this
+machine by utils.fast.tuner, or forced with QWEN3_KERNEL_VARIANTS), the
+median step time, the GB/s it reads and the median of step-speed /
+sum-speed over the rounds (1.00 = at the memory limit).
 The benchmark's share column instead compares a mode's median with the best
 of several 1 GiB probes around it, a stricter figure on a noisy machine.
 """
@@ -54,11 +56,12 @@ def side_by_side(
                 steps.append(mid - start)
                 sums.append(end - mid)
     rows = []
-    for name, (_, _, _, nbytes, steps, sums) in state.items():
+    for name, (model, _, _, nbytes, steps, sums) in state.items():
         step_s = statistics.median(steps)
         rows.append(
             {
                 "mode": name,
+                "variant": model.decode_step.choice.summary(),
                 "gb_per_token": nbytes / 1e9,
                 "step_ms": step_s * 1e3,
                 "step_gbps": nbytes / step_s / 1e9,
@@ -89,13 +92,14 @@ def main(argv: list[str] | None = None) -> int:
             print("the native step cannot run here (see the line above)")
             return 1
     rows = side_by_side({"native bf16": bf16, "native int8": int8}, args.rounds)
-    print("| step | GB read per token | ms per token | GB/s | torch.sum GB/s "
-          "(same bytes) | step / sum (median) |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+    print("| step | kernel variant | GB read per token | ms per token | GB/s | "
+          "torch.sum GB/s (same bytes) | step / sum (median) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['mode']} | {r['gb_per_token']:.2f} | {r['step_ms']:.1f} | "
-            f"{r['step_gbps']:.1f} | {r['sum_gbps']:.1f} | {r['ratio']:.2f} |"
+            f"| {r['mode']} | {r['variant']} | {r['gb_per_token']:.2f} | "
+            f"{r['step_ms']:.1f} | {r['step_gbps']:.1f} | {r['sum_gbps']:.1f} | "
+            f"{r['ratio']:.2f} |"
         )
     return 0
 

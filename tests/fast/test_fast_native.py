@@ -323,6 +323,7 @@ def test_step_bandwidth_script_times_each_step_next_to_a_sum():
     rows = script.side_by_side({"bf16": bf16, "int8": int8}, rounds=4, positions=3)
     assert [r["mode"] for r in rows] == ["bf16", "int8"]
     for row, model in zip(rows, (bf16, int8), strict=True):
+        assert row["variant"] == model.decode_step.choice.summary()
         assert row["gb_per_token"] == weight_bytes_per_token(model) / 1e9
         assert row["step_ms"] > 0 and row["ratio"] > 0
         assert row["step_gbps"] == pytest.approx(

@@ -38,13 +38,15 @@ from utils.fileio import atomic_write_bytes
 __all__ = ["Library", "get_library", "kernel_cache_dir", "unsupported_reason"]
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("matvec.c", "decode_step.c")  # compiled together into one library
+# compiled together into one library
+SOURCES = ("matvec.c", "variants.c", "decode_step.c", "step_ops.c", "step_reference.c")
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC"]
 _OPENMP = "-fopenmp"
-ABI = 0x50000  # qwen3_matvec_abi() in csrc/matvec.c, plus 1 with OpenMP
+ABI = 0x60000  # qwen3_matvec_abi() in csrc/matvec.c, plus 1 with OpenMP
 
-# Entry points and their ctypes argument types (see csrc/matvec.c and
-# csrc/decode_step.c); a new kernel variant adds its line here.
+# Entry points and their ctypes argument types (see csrc/matvec.c,
+# csrc/variants.c, csrc/decode_step.c and csrc/step_reference.c); a new
+# kernel variant needs none (it is a line of the table in variants.c).
 _P, _I, _L, _D = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_double
 _SINGLE = [_P, _I, _P, _P, _I, _L, _L, _I]  # x, x_f32, w, y, y_f32, n, k, threads
 _MULTI = [_P, _I, _I, _P, _P, _P, _I, _L, _I]  # x, x_f32, count, w[], n[], y, ...
@@ -56,10 +58,23 @@ ENTRY_POINTS: dict[str, tuple[list, type]] = {
     "qwen3_matvec_bf16_multi": (_MULTI, _I),
     "qwen3_matvec_bf16_exact_multi": (_MULTI, _I),
     "qwen3_matvec_int8_multi": ([_P, _I, _I, _P, _P, _P, _P, _I, _L, _I], _I),
-    # dims, eps, table, token, pos, exact, logits, next, threads
-    "qwen3_decode_step": ([_P, _D, _P, _L, _L, _I, _P, _P, _I], _I),
+    # dims, eps, table, token, pos, variants[2], logits, next, threads
+    "qwen3_decode_step": ([_P, _D, _P, _L, _L, _P, _P, _P, _I], _I),
+    "qwen3_step_products": ([_P, _P, _P, _I], _I),  # dims, table, variants, threads
     "qwen3_step_layout": ([], ctypes.c_char_p),
-    "qwen3_vector_op": ([_I, _P, _P, _L], _I),  # the step's bf16 rounding, exp
+    # the kernel variants: CPU features, the table, one call, a hot loop
+    "qwen3_cpu_feature_names": ([], ctypes.c_char_p),
+    "qwen3_cpu_features": ([], _I),
+    "qwen3_limit_cpu_features": ([_I], _I),
+    "qwen3_variant_table": ([], ctypes.c_char_p),
+    "qwen3_matvec_variant": ([_I, _P, _I, _I, _P, _P, _P, _P, _I, _L, _I], _I),
+    "qwen3_variant_hot": ([_I, _P, _P, _P, _L, _L, _I, _P], _I),
+    # for the tests: the step's pieces and their first forms, rounding, exp
+    "qwen3_piece_attend": ([_I, _P, _P, _P, _L, _L, _L, _P, _P], _I),
+    "qwen3_piece_norm_rope": ([_I, _P, _L, _P, _D, _P, _P, _P], _I),
+    "qwen3_piece_argmax": ([_I, _P, _L], _L),
+    "qwen3_piece_quantize": ([_I, _P, _L, _P], _I),
+    "qwen3_vector_op": ([_I, _P, _P, _L], _I),
 }
 
 

@@ -88,19 +88,46 @@ class Kernels:
         multiple = 64 if exact else 16
         if not _operands_ok(x, weights, scales, weights[0].dtype, multiple):
             _explain_operands(x, weights, scales, multiple)
+        return self._call(getattr(self.lib, name), (), x, weights, scales, name)
+
+    def matvec_variant(
+        self,
+        index: int,
+        x: torch.Tensor,
+        weights: list[torch.Tensor],
+        scales: list[torch.Tensor] | None = None,
+        threads: int | None = None,
+    ) -> torch.Tensor:
+        """`matvec_multi` with kernel variant `index` of the library's table
+        (`utils.fast.variants`; int8 weights need scales, bf16 none).
+        RuntimeError when it cannot run: code 1, k is not a multiple of the
+        variant's or the weights do not fit its class; 3, the CPU lacks its
+        instructions."""
+        _entry_point(weights, scales, exact=False)  # bf16 alone or int8 + scales
+        if not _operands_ok(x, weights, scales, weights[0].dtype, 16):
+            _explain_operands(x, weights, scales, 16)
+        name = f"kernel variant {index}"
+        fn = self.lib.qwen3_matvec_variant
+        return self._call(fn, (index,), x, weights, scales, name, threads)
+
+    def _call(self, fn, head, x, weights, scales, name, threads=None):
+        """fn(*head, x, x_f32, count, w[], [scales[],] n[], y, y_f32, k,
+        threads) for checked operands; the stacked result."""
         rows = [w.shape[0] for w in weights]
         y = torch.empty(sum(rows), dtype=x.dtype)
         # array.array: C arrays built ~10x faster than ctypes arrays (this
         # runs ~100 times per token); they live until the call returns
         arrays = [array.array("Q", [w.data_ptr() for w in weights])]
-        if scales is not None:
-            arrays.append(array.array("Q", [s.data_ptr() for s in scales]))
+        if scales is not None or head:  # the variant call always takes scales
+            ptrs = [] if scales is None else [s.data_ptr() for s in scales]
+            arrays.append(array.array("Q", ptrs))
         row_array = array.array("l", rows)
-        rc = getattr(self.lib, name)(
-            x.data_ptr(), x.dtype == torch.float32, len(weights),
-            *(a.buffer_info()[0] for a in arrays), row_array.buffer_info()[0],
+        pointers = [a.buffer_info()[0] if len(a) else None for a in arrays]
+        rc = fn(
+            *head, x.data_ptr(), x.dtype == torch.float32, len(weights),
+            *pointers, row_array.buffer_info()[0],
             y.data_ptr(), y.dtype == torch.float32, weights[0].shape[1],
-            torch.get_num_threads(),
+            torch.get_num_threads() if threads is None else threads,
         )  # fmt: skip
         if rc:
             raise RuntimeError(f"{name} failed with code {rc}")

@@ -18,17 +18,26 @@ Numerics: bf16 is rounded at the same points as the book's model, but the
 float32 sums inside the small operations (norms, softmax, attention) run in
 their own order, so tokens are close to the eager step's, not guaranteed
 equal (measured by `ch02/03_fast-decoding/agreement.py`).
+
+Kernels: the products run the variant `utils.fast.tuner` picks for this
+machine, thread count and model (timed once, then cached; `choice` says
+which). Variants of the exact and int8 classes give the same bits as the
+default kernels, so the choice changes the speed, not the tokens.
 """
 
 from __future__ import annotations
 
 import array
+import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from utils.fast.kernels import get_kernels
 from utils.fast.model import greedy_step
+from utils.fast.tuner import Choice, choose_variants
+from utils.fast.variants import Variant, default_variant, variant_table
 
 __all__ = ["NativeStep", "unsupported_reason"]
 
@@ -121,17 +130,22 @@ class NativeStep:
 
     Batches other than 1 (and a model set to `use_cpu_matvec(False)`)
     take the eager step. `exact=True` sums the bf16 products in ATen's dot
-    order (the exact kernel); False uses the faster-ordered one.
+    order (the exact class of kernels); False uses the faster-ordered ones.
+    `variants` forces kernel variants as $QWEN3_KERNEL_VARIANTS does
+    ("default", or names); None: that variable, else the tuner's choice.
     It reads the weights the model had when it was made (and keeps them
     alive); a FastQwen3 renews or drops it when its weights are replaced."""
 
     kind = "native"
 
-    def __init__(self, model: Any, exact: bool = True) -> None:
+    def __init__(
+        self, model: Any, exact: bool = True, variants: str | None = None
+    ) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"native decode step unavailable: {reason}")
         self.exact = exact
+        self.forced = variants
         self._kernels = get_kernels()
         layout = self._kernels.library.layout
         self._g = {name: i for i, name in enumerate(layout["global"])}
@@ -158,6 +172,68 @@ class NativeStep:
         self._cache_refs: tuple[torch.Tensor, ...] = ()
         self._keep_cache: tuple[torch.Tensor, ...] = ()
         self._next = array.array("l", [0])  # the argmax, written by C
+        self._classes = self._classes_used(model)
+        self._choices: dict[int, tuple[Choice, array.array]] = {}
+        self._variants_for(torch.get_num_threads())  # chosen now, not mid-run
+
+    def _classes_used(self, model: Any) -> tuple[str, ...]:
+        """The kernel classes the step's products use: bf16 (exact or fast)
+        and/or int8."""
+        layers = [model.out_head]
+        for block in model.trf_blocks:
+            layers += [getattr(block.att, n) for n in ("W_query", "out_proj")]
+            layers += [getattr(block.ff, n) for n in ("fc1", "fc3")]
+        scales = [_weight(layer)[1] for layer in layers]
+        classes: tuple[str, ...] = ()
+        if any(s is None for s in scales):
+            classes += ("exact" if self.exact else "fast",)
+        if any(s is not None for s in scales):
+            classes += ("int8",)
+        return classes
+
+    @property
+    def choice(self) -> Choice:
+        """The kernel variants of the latest thread count used, and how they
+        were chosen (`Choice.summary()`: e.g. "bf16_exact_avx512 (tuned)")."""
+        return self._choices[self._last_threads][0]
+
+    def _variants_for(self, threads: int) -> array.array:
+        """The variant indices [bf16, int8] the C step takes, chosen (tuned,
+        cached or forced) once per thread count."""
+        self._last_threads = threads
+        if threads not in self._choices:
+            dims = [self._dims[self._d[n]] for n in self._d if n != "CACHE"]
+            shapes = f"{dims} {self._classes}"
+            choice = choose_variants(
+                self._kernels,
+                self._classes,
+                lambda vs: self._time_products(vs, threads),
+                shapes,
+                threads,
+                setting=self.forced,
+            )
+            self._choices[threads] = (choice, self._index_array(choice.variants))
+        return self._choices[threads][1]
+
+    def _index_array(self, variants: Mapping[str, Variant]) -> array.array:
+        """[bf16 variant, int8 variant] indices, defaults for classes unused."""
+        table = variant_table(self._kernels)
+        bf16_class = "exact" if self.exact else "fast"
+        bf16 = variants.get(bf16_class) or default_variant(table, bf16_class)
+        int8 = variants.get("int8") or default_variant(table, "int8")
+        return array.array("i", [bf16.index, int8.index])
+
+    def _time_products(self, variants: Mapping[str, Variant], threads: int) -> float:
+        """Seconds of one pass over the step's products with `variants`."""
+        indices = self._index_array(variants)
+        start = time.perf_counter()
+        rc = self._kernels.lib.qwen3_step_products(
+            self._dims.buffer_info()[0], self._table.buffer_info()[0],
+            indices.buffer_info()[0], threads,
+        )  # fmt: skip
+        if rc:
+            raise RuntimeError(f"qwen3_step_products failed with code {rc}")
+        return time.perf_counter() - start
 
     @property
     def cache_length(self) -> int:
@@ -262,10 +338,12 @@ class NativeStep:
         self._point_at_cache(model)
         pos, token = int(input_pos.reshape(-1)[0]), int(cur_token[0, 0])
         logits = torch.empty(1, self._vocab, dtype=torch.bfloat16)
+        threads = torch.get_num_threads()
+        variants = self._variants_for(threads)
         rc = self._kernels.lib.qwen3_decode_step(
             self._dims.buffer_info()[0], self._eps, self._table.buffer_info()[0],
-            token, pos, int(self.exact), logits.data_ptr(),
-            self._next.buffer_info()[0], torch.get_num_threads(),
+            token, pos, variants.buffer_info()[0], logits.data_ptr(),
+            self._next.buffer_info()[0], threads,
         )  # fmt: skip
         if rc == 1:
             raise ValueError(
@@ -273,6 +351,8 @@ class NativeStep:
                 f"{self._vocab}) and position {pos} inside the KV cache "
                 f"({self.cache_length} slots; call setup_cache for more)"
             )
+        if rc == 3:
+            raise RuntimeError("native decode step: the CPU cannot run its kernel")
         if rc:
             raise MemoryError("native decode step: out of memory")
         # torch.argmax's choice (first maximum, NaN first), made in C

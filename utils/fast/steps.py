@@ -123,7 +123,7 @@ def _renew_native_step(model: FastQwen3, incompatible: Any) -> None:
     # a native step points at the weights: renew it when they are replaced
     step = model.decode_step
     if isinstance(step, NativeStep):
-        model.decode_step = NativeStep(model, exact=step.exact)
+        model.decode_step = NativeStep(model, exact=step.exact, variants=step.forced)
 
 
 class FastQwen3(StaticQwen3):
@@ -189,11 +189,15 @@ class FastQwen3(StaticQwen3):
         """Why the native step cannot run this model here (None: it can)."""
         return unsupported_reason(self)
 
-    def use_native_step(self, enabled: bool = True, exact: bool = True) -> bool:
+    def use_native_step(
+        self, enabled: bool = True, exact: bool = True, variants: str | None = None
+    ) -> bool:
         """Run each decode step (batch 1, CPU) as one C call, no compile
         needed (close to, not bit-equal with, eager). Replaces a compiled
-        step. Returns whether it is on; where it cannot run, prints one line
-        saying why and keeps the current step."""
+        step. The first use on a machine times the kernel variants (about a
+        second; `variants` forces some, see `NativeStep`). Returns whether
+        it is on; where it cannot run, prints one line saying why and keeps
+        the current step."""
         if not enabled:
             if self.decode_native():
                 self.decode_step = None
@@ -202,7 +206,7 @@ class FastQwen3(StaticQwen3):
         if reason is not None:
             print(f"utils.fast: native decode step off ({reason})")
             return False
-        self.decode_step = NativeStep(self, exact=exact)
+        self.decode_step = NativeStep(self, exact=exact, variants=variants)
         self.compile_scope = None
         return True
 

@@ -44,4 +44,27 @@ static inline __m256 bf16x8_natural(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+/* f rounded to bf16 and back */
+static inline float rb(float f) { return from_bf16(to_bf16(f)); }
+
+/* rb on 8 floats (same bits as to_bf16, NaN kept quiet) */
+static inline __m256 rb8(__m256 v) {
+    const __m256i u = _mm256_castps_si256(v), hi = _mm256_set1_epi32(-65536);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16),
+                                         _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                                     lsb));
+    r = _mm256_and_si256(r, hi);
+    const __m256i q = _mm256_or_si256(_mm256_and_si256(u, hi),
+                                      _mm256_set1_epi32(0x400000));
+    return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q),
+                            _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
+/* y[n] = v, as float32 or rounded to bf16 */
+static inline void store(void *y, int y_f32, long n, float v) {
+    if (y_f32) ((float *)y)[n] = v;
+    else ((uint16_t *)y)[n] = to_bf16(v);
+}
+
 #endif

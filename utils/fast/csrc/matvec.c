@@ -1,15 +1,18 @@
 /* Matrix-vector kernels for single-token decoding (see utils/fast/kernels.py).
 
    Built by utils/fast/build.py with the system C compiler, together with
-   decode_step.c: cc -O3 -mavx2 -mfma -ffp-contract=off [-fopenmp] -shared.
-   Each thread streams 4 rows at once, prefetching PREFETCH_BYTES ahead
-   (bf16.h). The *_multi entry points take several weights that share one
-   input (q, k, v; gate and up) and fill one output: one call, one parallel
-   region, rows split evenly over the threads across all the matrices.
+   the other files of csrc/: cc -O3 -mavx2 -mfma -ffp-contract=off
+   [-fopenmp] -shared. These are the AVX2 kernels every x86-64 CPU with
+   AVX2 runs, and the first (default) variant of each class in variants.c.
+   Each thread streams 4 far-apart rows at once, prefetching PREFETCH_BYTES
+   ahead (bf16.h). The *_multi entry points take several weights that
+   share one input (q, k, v; gate and up) and fill one output: one call,
+   one parallel region, rows split evenly over the threads across all the
+   matrices.
 
-   A new kernel variant is a row kernel (rows_fn, see matvec.h) plus an
-   entry point that prepares x for it and calls run(); add its name and
-   argument types to the tables in build.py. */
+   A new kernel variant is a row kernel (rows_fn, see matvec.h) and a line
+   in the table of variants.c; the tuner (utils/fast/tuner.py) then times
+   it against the others of its class. */
 
 #include <math.h>
 #include <stdlib.h>
@@ -22,12 +25,7 @@ int omp_get_thread_num(void);
 int omp_get_num_threads(void);
 #endif
 
-static void store(void *y, int y_f32, long n, float v) {
-    if (y_f32) ((float *)y)[n] = v;
-    else ((uint16_t *)y)[n] = to_bf16(v);
-}
-
-static void load_x(const void *x, int x_f32, long k, float *out) {
+QWEN3_INTERNAL void load_x(const void *x, int x_f32, long k, float *out) {
     if (x_f32) { memcpy(out, x, (size_t)k * 4); return; }
     for (long i = 0; i < k; ++i) out[i] = from_bf16(((const uint16_t *)x)[i]);
 }
@@ -137,16 +135,17 @@ static void rows_i8(const float *xn, const void *wv, const float *scale,
    every 16-column block b exactly in int32; every 1024 columns (before any
    int32 could overflow) the 8 lanes are converted to float32 and added to
    float32 lanes, which are summed as in hsum and multiplied by xs, then by
-   the row's scale. qx must hold xs as its last float (see qwen3_matvec_int8). */
-#define I16_CHUNK 1024
+   the row's scale. qx must hold xs as its last float (see quantize_x);
+   I16_CHUNK is in matvec.h. */
 
 static inline __m256i i16_madd(const int8_t *p, __m256i xq) {
     const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
     return _mm256_madd_epi16(w, xq);
 }
 
-static void rows_i8q(const float *qxv, const void *wv, const float *scale,
-                     void *y, int y_f32, long lo, long hi, long k) {
+QWEN3_INTERNAL void rows_i8q(const float *qxv, const void *wv,
+                             const float *scale, void *y, int y_f32, long lo,
+                             long hi, long k) {
     const int8_t *w = (const int8_t *)wv;
     const int16_t *qx = (const int16_t *)qxv;
     float xs;
@@ -215,11 +214,11 @@ static inline void exact_block(const float *x, const uint16_t *r, __m256 *s) {
                                bf16x8_natural(r + 8 * p), s[p]);
 }
 
-QWEN3_INTERNAL void rows_bf16_exact(const float *xn, const void *wv,
-                                    const float *unused, void *y, int y_f32,
-                                    long lo, long hi, long k) {
-    const uint16_t *w = (const uint16_t *)wv;
-    (void)unused;
+/* rows_bf16_exact's body; prefetch is a constant, so each caller gets its
+   own loop with or without the software prefetch. */
+static inline __attribute__((always_inline)) void
+exact_rows(const float *xn, const uint16_t *w, void *y, int y_f32, long lo,
+           long hi, long k, const int prefetch) {
     const long per = (hi - lo) / 4;
     for (long j = 0; j < per; ++j) {
         const uint16_t *r[4];
@@ -230,7 +229,7 @@ QWEN3_INTERNAL void rows_bf16_exact(const float *xn, const void *wv,
         }
         for (long i = 0; i < k; i += 64)
             for (int q = 0; q < 4; ++q) {
-                PF(r[q] + i); PF(r[q] + i + 32);
+                if (prefetch) { PF(r[q] + i); PF(r[q] + i + 32); }
                 exact_block(xn + i, r[q] + i, s[q]);
             }
         for (int q = 0; q < 4; ++q)
@@ -242,6 +241,22 @@ QWEN3_INTERNAL void rows_bf16_exact(const float *xn, const void *wv,
         for (long i = 0; i < k; i += 64) exact_block(xn + i, w + n * k + i, s);
         store(y, y_f32, n, reduce_like_aten(s));
     }
+}
+
+QWEN3_INTERNAL void rows_bf16_exact(const float *xn, const void *wv,
+                                    const float *unused, void *y, int y_f32,
+                                    long lo, long hi, long k) {
+    (void)unused;
+    exact_rows(xn, (const uint16_t *)wv, y, y_f32, lo, hi, k, 1);
+}
+
+/* The same sums without the software prefetch (the hardware prefetchers
+   alone may stream faster; the tuner decides). */
+QWEN3_INTERNAL void rows_bf16_exact_np(const float *xn, const void *wv,
+                                       const float *unused, void *y,
+                                       int y_f32, long lo, long hi, long k) {
+    (void)unused;
+    exact_rows(xn, (const uint16_t *)wv, y, y_f32, lo, hi, k, 0);
 }
 
 static long group_rows(const group *g) {
@@ -282,37 +297,53 @@ QWEN3_INTERNAL int run(rows_fn fn, const float *xv, const group *g, void *y,
     return 0;
 }
 
-static int bad_group(int count, const long *n) {
+QWEN3_INTERNAL int bad_group(int count, const long *n) {
     if (count < 1) return 1;
     for (int i = 0; i < count; ++i)
         if (n[i] < 0) return 1;
     return 0;
 }
 
-/* The int8 product of one group for float32 x: x rounded to 16-bit fixed
-   point into qx (k int16 + one float; rows_i8q), or, if x holds an inf or
-   NaN, the float32 kernel rows_i8, so they propagate as in float. */
-QWEN3_INTERNAL void int8_group(const float *xn, const group *g, void *y,
-                               int y_f32, long k, int threads, int16_t *qx) {
-    float amax = 0.0f;
-    int finite = 1;
-    for (long i = 0; i < k; ++i) {
-        const float a = fabsf(xn[i]);
-        finite &= a <= 3.4028235e38f; /* false for inf and NaN */
-        amax = a > amax ? a : amax;
+/* x ~= xs * qx with xs = max|x| / 32767: each x * (32767 / max|x|)
+   rounded to nearest even (cvtps, as cvtss) and clamped to +-32767, eight
+   at a time; the plain loop it replaced is quantize_x_reference in
+   step_reference.c (the tests compare their bits). */
+QWEN3_INTERNAL int quantize_x(const float *x, long k, int16_t *qx) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 big = _mm256_set1_ps(3.4028235e38f);
+    __m256 m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    for (long i = 0; i < k; i += 8) {
+        const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), absmask);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, big, _CMP_NLE_UQ)); /* inf, NaN */
+        m = _mm256_max_ps(m, a);
     }
-    if (!finite) {
-        run(rows_i8, xn, g, y, y_f32, k, threads);
-        return;
-    }
-    const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
-    const float xs = amax / 32767.0f;
-    for (long i = 0; i < k; ++i) {  /* round to nearest even */
-        int v = _mm_cvtss_si32(_mm_set_ss(xn[i] * inv));
-        qx[i] = (int16_t)(v > 32767 ? 32767 : v < -32767 ? -32767 : v);
+    if (_mm256_movemask_ps(bad)) return 0;
+    float lanes[8], amax = 0.0f;
+    _mm256_storeu_ps(lanes, m);
+    for (int l = 0; l < 8; ++l) amax = lanes[l] > amax ? lanes[l] : amax;
+    const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f, xs = amax / 32767.0f;
+    const __m256 iv = _mm256_set1_ps(inv);
+    const __m256i hi = _mm256_set1_epi32(32767), lo = _mm256_set1_epi32(-32767);
+    for (long i = 0; i < k; i += 8) {
+        __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), iv));
+        v = _mm256_max_epi32(_mm256_min_epi32(v, hi), lo);
+        const __m128i p = _mm_packs_epi32(_mm256_castsi256_si128(v),
+                                          _mm256_extracti128_si256(v, 1));
+        _mm_storeu_si128((__m128i *)(qx + i), p);
     }
     memcpy(qx + k, &xs, 4);
-    run(rows_i8q, (const float *)qx, g, y, y_f32, k, threads);
+    return 1;
+}
+
+/* The int8 product of one group for float32 x: x rounded to 16-bit fixed
+   point into qx (k int16 + one float) for `rows` (rows_i8q or a variant
+   with its bits), or, if x holds an inf or NaN, the float32 kernel
+   rows_i8, so they propagate as in float. */
+QWEN3_INTERNAL void int8_group(const float *xn, const group *g, void *y,
+                               int y_f32, long k, int threads, int16_t *qx,
+                               rows_fn rows) {
+    if (quantize_x(xn, k, qx)) run(rows, (const float *)qx, g, y, y_f32, k, threads);
+    else run(rows_i8, xn, g, y, y_f32, k, threads);
 }
 
 /* y (sum n) = [w_0; w_1; ...] (n_i, k) @ x (k); k % 16 == 0. 0 on success. */
@@ -356,7 +387,7 @@ int qwen3_matvec_int8_multi(const void *x, int x_f32, int count,
     if (!xn) return 2;
     load_x(x, x_f32, k, xn);
     const group g = {count, w, scales, n};
-    int8_group(xn, &g, y, y_f32, k, threads, (int16_t *)(xn + k));
+    int8_group(xn, &g, y, y_f32, k, threads, (int16_t *)(xn + k), rows_i8q);
     free(xn);
     return 0;
 }
@@ -384,8 +415,8 @@ int qwen3_matvec_int8(const void *x, int x_f32, const void *w,
    with OpenMP). */
 int qwen3_matvec_abi(void) {
 #ifdef _OPENMP
-    return 0x50001;
+    return 0x60001;
 #else
-    return 0x50000;
+    return 0x60000;
 #endif
 }

@@ -1,6 +1,7 @@
-/* What the decode step (decode_step.c) uses of the matrix-vector kernels
-   (matvec.c). The entry points Python calls are listed in
-   utils/fast/build.py with their argument types. */
+/* What the decode step (decode_step.c) and the kernel variants
+   (variants.c) use of the matrix-vector kernels (matvec.c). The entry
+   points Python calls are listed in utils/fast/build.py with their
+   argument types. */
 #ifndef QWEN3_MATVEC_H
 #define QWEN3_MATVEC_H
 
@@ -21,21 +22,72 @@ typedef struct {
     const long *n;
 } group;
 
+/* The int8 kernels add int32 products over this many columns before
+   converting to float32 (no int32 sum can overflow before). */
+#define I16_CHUNK 1024
+
 /* the row kernels: bf16 fast order (x permuted by permute16), bf16 in
-   torch's AVX2 order */
+   torch's AVX2 order (with and without software prefetch), int8 times x
+   in 16-bit fixed point (qx: see int8_group), int8 times float32 x */
 QWEN3_INTERNAL void rows_bf16(const float *xp, const void *wv,
                               const float *unused, void *y, int y_f32,
                               long lo, long hi, long k);
 QWEN3_INTERNAL void rows_bf16_exact(const float *xn, const void *wv,
                                     const float *unused, void *y, int y_f32,
                                     long lo, long hi, long k);
+QWEN3_INTERNAL void rows_bf16_exact_np(const float *xn, const void *wv,
+                                       const float *unused, void *y,
+                                       int y_f32, long lo, long hi, long k);
+QWEN3_INTERNAL void rows_i8q(const float *qxv, const void *wv,
+                             const float *scale, void *y, int y_f32, long lo,
+                             long hi, long k);
+/* x (k values, bf16 or float32) as float32 */
+QWEN3_INTERNAL void load_x(const void *x, int x_f32, long k, float *out);
+/* 1 for a group of no matrices or a negative row count */
+QWEN3_INTERNAL int bad_group(int count, const long *n);
 /* x reordered for rows_bf16 */
 QWEN3_INTERNAL void permute16(const float *xn, long k, float *xp);
 /* all rows of a group, split over `threads` threads */
 QWEN3_INTERNAL int run(rows_fn fn, const float *xv, const group *g, void *y,
                        int y_f32, long k, int threads);
-/* the int8 product of a group (qx: scratch of k int16 + one float) */
+/* x rounded to 16-bit fixed point: k int16 in qx, then the scale as one
+   float; 0 (qx untouched) if x holds an inf or NaN. k % 8 == 0. */
+QWEN3_INTERNAL int quantize_x(const float *x, long k, int16_t *qx);
+/* the int8 product of a group with the 16-bit row kernel `rows` (qx:
+   scratch of k int16 + one float) */
 QWEN3_INTERNAL void int8_group(const float *xn, const group *g, void *y,
-                               int y_f32, long k, int threads, int16_t *qx);
+                               int y_f32, long k, int threads, int16_t *qx,
+                               rows_fn rows);
+
+/* ---- kernel variants (variants.c) ------------------------------------- */
+
+/* Instruction sets a variant may need (bits of cpu_features()) */
+enum { CPU_AVX2 = 1, CPU_AVX512 = 2, CPU_AVX512_BF16 = 4, CPU_AVX512_VNNI = 8 };
+/* Variant classes: every variant of a class computes what its first one
+   does, bit for bit (exact, int8) or within float32's bound (fast) */
+enum { CLASS_EXACT, CLASS_FAST, CLASS_INT8, CLASS_COUNT };
+
+/* x for a row kernel from float32 x (k values; xp: k floats + 16) */
+typedef void (*prep_fn)(const float *xn, long k, float *xp);
+
+typedef struct {
+    const char *name;
+    rows_fn rows;
+    prep_fn prep; /* NULL: x as it is (int8: quantize_x, in int8_group) */
+    int cls, needs, kmul; /* kmul: k must be a multiple of it */
+} kernel_variant;
+
+/* What this CPU (and OS) can run, within the limit a test may set */
+QWEN3_INTERNAL int cpu_features(void);
+/* 0 when variant i exists, belongs to class cls (any class: -1) and runs
+   on this CPU; 1 when it does not exist or is of another class; 3 when
+   the CPU lacks its instructions */
+QWEN3_INTERNAL int variant_status(int i, int cls);
+/* Variant i where variant_status(i, cls) is 0, else NULL */
+QWEN3_INTERNAL const kernel_variant *variant_for(int i, int cls);
+/* The variant a call with k columns runs: v, or the first variant of the
+   fast class (bf16) or of the int8 class when k % v->kmul */
+QWEN3_INTERNAL const kernel_variant *variant_fitting(const kernel_variant *v,
+                                                     long k);
 
 #endif

@@ -1,0 +1,252 @@
+"""utils.fast.tuner: the choice of kernel variant, decided by injected timings
+and an injected load probe (no test here times the real kernels): it picks
+the faster variant, never a measurably slower one, ignores rounds run under
+foreign load, keeps the default without caching when it cannot measure
+cleanly, and caches its choice beside the kernel library under the
+library's integrity rules."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import utils.fast.build as build
+from tests.tiny import tiny_config, tiny_state_dict
+from utils.fast import FastQwen3
+from utils.fast.kernels import Kernels
+from utils.fast.tuner import LoadProbe, cache_path, choose_variants, decide, tune
+
+ONE = {"default": [1.0] * 5}
+
+
+def test_decide_picks_the_faster_variant():
+    ratios = {**ONE, "fast": [0.90, 0.91, 0.88, 0.93, 0.90], "same": [1.0] * 5}
+    # faster by more than the margin: chosen whatever the hot rates say
+    assert (
+        decide(ratios, {"default": 9e9, "same": 9e9, "fast": 1e9}, "default") == "fast"
+    )
+
+
+def test_decide_never_picks_a_slower_variant():
+    ratios = {**ONE, "slow": [1.08, 1.10, 1.05, 1.12, 1.09]}
+    hot = {"default": 30e9, "slow": 100e9}  # faster in cache, slower streamed
+    assert decide(ratios, hot, "default") == "default"
+
+
+def test_decide_breaks_a_tie_by_the_cache_resident_rate():
+    ratios = {**ONE, "wide": [0.99, 1.01, 1.00, 0.98, 1.02]}
+    assert decide(ratios, {"default": 30e9, "wide": 90e9}, "default") == "wide"
+    assert decide(ratios, {"default": 90e9, "wide": 30e9}, "default") == "default"
+    assert decide(ratios, {"default": 50e9, "wide": 50e9}, "default") == "default"
+
+
+class FakeProbe(LoadProbe):
+    """Round r is disturbed where `busy(r)` says so."""
+
+    def __init__(self, busy=lambda r: False) -> None:
+        super().__init__()
+        self.busy, self.round = busy, 0
+
+    def sample(self):
+        return (0.0, 0.0, 0.0, None)
+
+    def clean(self, start, end, threads):
+        self.round += 1
+        return not self.busy(self.round - 1)
+
+
+def timer(
+    seconds: dict[str, float], loaded: dict[str, float] | None = None, probe=None
+):
+    """time_pass(name) -> seconds: `loaded` ones while the probe's current
+    round is disturbed (it counts rounds as the tuner samples them)."""
+
+    def time_pass(name: str) -> float:
+        if loaded is not None and probe.busy(probe.round):
+            return loaded[name]
+        return seconds[name]
+
+    return time_pass
+
+
+TIMES = {"default": 0.040, "fast": 0.036, "slow": 0.048}
+HOT = {"default": 30e9, "fast": 40e9, "slow": 90e9}
+
+
+def test_tune_picks_the_fastest_in_clean_rounds():
+    result = tune(timer(TIMES), list(TIMES), "default", lambda: HOT, 2, FakeProbe())
+    assert result.choice == "fast" and result.reason is None
+    assert result.clean == 5 and result.rounds == 6  # round 0 warms up
+    assert result.medians()["fast"] == pytest.approx(0.9)
+    assert result.medians()["slow"] == pytest.approx(1.2)
+
+
+def test_rounds_under_foreign_load_are_not_counted():
+    # every other round disturbed; there the default happens to run slowly,
+    # so "slow" would look twice as fast if those rounds counted
+    probe = FakeProbe(busy=lambda r: r % 2 == 1)
+    loaded = {"default": 0.100, "fast": 0.040, "slow": 0.050}
+    result = tune(
+        timer(TIMES, loaded, probe), list(TIMES), "default", lambda: HOT, 2, probe
+    )
+    assert result.choice == "fast"
+    assert all(r == pytest.approx(1.2) for r in result.ratios["slow"])
+    assert result.clean == 5 and result.rounds > 9
+
+
+def test_a_busy_machine_keeps_the_default_and_says_why():
+    probe = FakeProbe(busy=lambda r: True)
+    result = tune(timer(TIMES), list(TIMES), "default", lambda: HOT, 2, probe)
+    assert result.choice == "default" and result.clean == 0
+    assert result.rounds == 4 and "0 of 4 rounds undisturbed" in result.reason
+    few = FakeProbe(busy=lambda r: r % 3 != 1)  # clean now and then only
+    result = tune(
+        timer(TIMES), list(TIMES), "default", lambda: HOT, 2, few, budget_s=0.0
+    )
+    assert result.choice == "default" and result.reason
+
+
+def test_a_pass_too_short_to_time_keeps_the_default():
+    tiny = {n: t / 100 for n, t in TIMES.items()}
+    result = tune(timer(tiny), list(tiny), "default", lambda: HOT, 2, FakeProbe())
+    assert result.choice == "default" and "too short" in result.reason
+
+
+def test_the_load_probe_reads_missing_cpu_time_and_foreign_work():
+    probe = LoadProbe()
+    probe.cpus, probe.tick = 2, 0.01
+    start = (0.0, 0.0, 0.0, 100.0)
+    assert probe.clean(start, (1.0, 1.95, 1.95, 101.95), threads=2)
+    assert not probe.clean(start, (1.0, 1.5, 1.5, 101.5), threads=2)  # waited
+    assert not probe.clean(start, (1.0, 1.95, 1.95, 102.9), threads=2)  # others
+    assert probe.clean(start, (1.0, 0.99, 0.99, None), threads=1)  # no /proc/stat
+    real = probe.sample()
+    assert len(real) == 4 and real[0] > 0
+
+
+# ---------------------------------------------------------------------------
+# choose_variants: real kernels and their checks, fake timings and load
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def _module_kernels(kernels, tmp_path_factory):
+    return Kernels(build.build_and_load(tmp_path_factory.mktemp("kernels")))
+
+
+@pytest.fixture
+def own_kernels(_module_kernels):
+    """Kernels built into a folder of this module, with no cached choice
+    (the choice goes beside the library)."""
+    folder = _module_kernels.path.parent
+    for old in folder.glob("variants_*"):
+        old.unlink()
+    yield _module_kernels
+    folder.chmod(0o700)
+
+
+def names_timer(seconds: dict[str, float], calls: list):
+    """time_pass({class: variant}) -> seconds of the exact-class variant."""
+
+    def time_pass(variants):
+        name = variants["exact"].name
+        calls.append(name)
+        return seconds.get(name, 0.040)
+
+    return time_pass
+
+
+EXACT = {
+    "bf16_exact_avx2": 0.040,
+    "bf16_exact_avx2_np": 0.039,
+    "bf16_exact_avx2_eo": 0.034,
+    "bf16_exact_avx512": 0.041,
+}
+
+
+def choose(kernels, calls: list, classes=("exact",), **kwargs):
+    """choose_variants timed by EXACT (tuning unless `setting` says), for
+    model shapes "s" on 2 threads."""
+    kwargs.setdefault("setting", "")
+    timer = names_timer(EXACT, calls)
+    return choose_variants(kernels, classes, timer, "s", 2, **kwargs)
+
+
+def test_the_choice_is_timed_once_then_cached_with_a_record(own_kernels, capsys):
+    calls: list[str] = []
+    first = choose(own_kernels, calls, probe=FakeProbe())
+    assert first.how == "tuned" and first.variants["exact"].name == "bf16_exact_avx2_eo"
+    assert "kernel variants timed" in capsys.readouterr().err
+    path = cache_path(own_kernels, "s", 2)
+    assert build.verified(path)
+    assert path.parent.stat().st_mode & 0o077 == 0  # the library's folder
+    record = json.loads(path.read_text())
+    assert record["variants"] == {"exact": "bf16_exact_avx2_eo"}
+    assert record["evidence"]["exact"]["clean_rounds"] == 5
+    timed = len(calls)
+    again = choose(own_kernels, calls, probe=FakeProbe())
+    assert again.how == "cached" and len(calls) == timed  # no timing
+    assert again.variants == first.variants
+    # another thread count or model is another record
+    assert cache_path(own_kernels, "s", 1) != path != cache_path(own_kernels, "t", 2)
+    # a changed record is not trusted: timed again
+    path.write_text(path.read_text().replace("avx2_eo", "avx2_np"))
+    third = choose(own_kernels, calls, probe=FakeProbe())
+    assert third.how == "tuned" and len(calls) > timed
+    assert third.variants["exact"].name == "bf16_exact_avx2_eo"
+
+
+def test_a_choice_made_under_load_is_not_cached(own_kernels, capsys):
+    busy = choose(own_kernels, [], probe=FakeProbe(lambda r: True))
+    assert busy.how == "untuned"
+    assert busy.variants["exact"].name == "bf16_exact_avx2"  # the default
+    assert "nothing cached" in capsys.readouterr().err
+    assert not cache_path(own_kernels, "s", 2).exists()
+
+
+def test_the_environment_forces_or_skips_the_timing(own_kernels, capsys):
+    calls: list[str] = []
+    both = ("exact", "int8")
+    default = choose(own_kernels, calls, both, setting="default")
+    assert default.how == "default" and calls == []
+    names = [v.name for v in default.variants.values()]
+    assert names == ["bf16_exact_avx2", "int8_avx2"]
+    forced = choose(own_kernels, calls, both, setting="bf16_exact_avx2_np")
+    assert forced.how == "forced" and calls == []
+    assert forced.summary() == "bf16_exact_avx2_np, int8_avx2 (forced)"
+    capsys.readouterr()
+    unknown = choose(own_kernels, calls, both, setting="bf16_turbo")
+    assert unknown.how == "default"
+    assert "no kernel variant 'bf16_turbo'" in capsys.readouterr().out
+    only_avx2 = frozenset({"avx2"})
+    lacking = choose(
+        own_kernels, calls, setting="bf16_exact_avx512", features=only_avx2
+    )
+    assert lacking.variants["exact"].name == "bf16_exact_avx2"
+    assert "cannot run on this CPU" in capsys.readouterr().out
+
+
+def test_fake_cpu_features_narrow_the_candidates(own_kernels, capsys):
+    calls: list[str] = []
+    only_avx2 = frozenset({"avx2"})
+    choice = choose(own_kernels, calls, features=only_avx2, probe=FakeProbe())
+    assert "bf16_exact_avx512" not in calls and "bf16_exact_avx2_np" in calls
+    assert choice.variants["exact"].name == "bf16_exact_avx2_eo"
+
+
+def test_a_folder_others_can_write_gets_no_choice(own_kernels, capsys):
+    own_kernels.path.parent.chmod(0o777)
+    choice = choose(own_kernels, [], probe=FakeProbe())
+    assert choice.how == "tuned"  # holds for this process
+    assert not cache_path(own_kernels, "s", 2).exists()
+
+
+def test_the_native_step_of_a_tiny_model_keeps_the_defaults_quietly(kernels, capsys):
+    cfg = tiny_config(context_length=64, dtype=torch.bfloat16)
+    model = FastQwen3.from_state_dict(cfg, tiny_state_dict(5, cfg))
+    assert model.use_native_step(variants="")  # tune: a pass is microseconds
+    assert model.decode_step.choice.how == "default"
+    assert model.decode_step.choice.summary() == "bf16_exact_avx2 (default)"
+    assert capsys.readouterr().err == ""
