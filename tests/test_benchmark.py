@@ -461,3 +461,27 @@ def test_a_prompt_too_long_for_memory_is_refused_before_any_mode(monkeypatch):
     long_prompt = torch.randint(0, 500, (1, 200))
     with pytest.raises(ValueError, match="GB for the attention scores"):
         tiny_run(["kv_cache"], token_ids=long_prompt)
+
+
+def test_the_table_names_the_kernel_variant_each_native_mode_ran(monkeypatch, capsys):
+    from utils.fast import get_kernels
+
+    if get_kernels() is None:
+        pytest.skip("the native step needs the x86-64 AVX2 kernels")
+    monkeypatch.setenv("QWEN3_KERNEL_VARIANTS", "bf16_exact_avx2_np")  # forced
+    modes = ["fast", "fast_native", "fast_native_int8"]
+    rows = tiny_run(modes, dtype="bfloat16")
+    ran = {r["mode"]: r["kernel_variant"] for r in rows}
+    assert ran == {
+        "fast": None,
+        "fast_native": "bf16_exact_avx2_np (forced)",
+        "fast_native_int8": "int8_avx2 (default)",
+    }
+    monkeypatch.setattr(benchmark, "run_benchmark", lambda **kw: rows)
+    assert benchmark.main(["--modes", ",".join(modes)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "Kernel variants the native modes ran: fast_native: bf16_exact_avx2_np "
+        "(forced); fast_native_int8: int8_avx2 (default)." in out
+    )
+    assert benchmark.describe_variants(rows[:1]) is None

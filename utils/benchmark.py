@@ -128,6 +128,7 @@ ROW_FIELDS = (
     "memory_kind",
     "ratio_vs_kv_cache",
     "compiled",
+    "kernel_variant",
     "note",
 )
 
@@ -791,6 +792,7 @@ class _Run:
             None if cached is None else prepare_s + cached["total_s"]
         )
         _add_memory(row, prep.model, self.book, mem)
+        row["kernel_variant"] = kernel_variant(prep.model)
         if warm["tokens"] != self.n:
             row["note"] += f"; produced {warm['tokens']} tokens"
         # Free this mode's copies (compiled graphs, int8 weights) so the
@@ -911,6 +913,25 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
                 row["memory_vs_fast_compiled"] = (
                     row["peak_mem_bytes"] / compiled["peak_mem_bytes"]
                 )
+
+
+def kernel_variant(model: Any) -> str | None:
+    """Which kernel variants a native mode's step ran and how they were
+    chosen (e.g. "bf16_exact_avx512 (tuned)"); None for other modes."""
+    step = getattr(model, "decode_step", None)
+    if getattr(step, "kind", "") != "native":
+        return None
+    return step.choice.summary()
+
+
+def describe_variants(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """One line naming the kernel variant each native mode ran (None
+    without native rows)."""
+    key = "kernel_variant"
+    ran = [f"{r['mode']}: {r[key]}" for r in rows if r.get(key)]
+    if not ran:
+        return None
+    return "Kernel variants the native modes ran: " + "; ".join(ran) + "."
 
 
 def describe_choice(rows: Sequence[Mapping[str, Any]]) -> str | None:
@@ -1176,6 +1197,9 @@ def _report(rows: list[dict[str, Any]], args) -> None:
     choice = describe_choice(rows)
     if choice:
         print(choice)
+    variants = describe_variants(rows)
+    if variants:
+        print(variants)
     for path, writer in ((args.json, write_json), (args.csv, write_csv)):
         if path:
             _log(f"wrote {writer(rows, path)}")
