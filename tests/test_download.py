@@ -1195,6 +1195,8 @@ def test_failed_download_leaves_no_folder_and_no_lock(monkeypatch, tmp_path):
 def test_a_process_waiting_on_a_failed_download_carries_on(hosts, payloads, tmp_path):
     """The failing holder removes the lock file and its empty folder; a
     process that was waiting on the lock then takes it and downloads."""
+    import signal
+
     hub, cdn, mirror = hosts
     out = tmp_path / "qwen3"
     out.mkdir()
@@ -1203,9 +1205,13 @@ def test_a_process_waiting_on_a_failed_download_carries_on(hosts, payloads, tmp_
         with download._exclusive(out, TOK):
             child = run_child(out, env, what="tok")
             assert "waiting" in child.stdout.readline()
+            # Paused, so it cannot take the lock (and make a new lock file)
+            # before the checks below; it carries on when continued.
+            child.send_signal(signal.SIGSTOP)
             raise RuntimeError("holder fails")
     assert not (out / download.LOCK_NAME).exists()
     out.rmdir()  # what download_qwen3_small does with a folder it made
+    child.send_signal(signal.SIGCONT)
     rest = child.communicate(timeout=120)[0]
     assert child.returncode == 0, rest
     assert (out / TOK).read_bytes() == payloads[TOK] and is_verified(out / TOK)

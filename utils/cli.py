@@ -194,7 +194,8 @@ def _fast_from_checkpoint(args: argparse.Namespace, path: Path, device: Any) -> 
     if fast.device != device:
         fast = fast.to(device)
     if not args.compile and device.type == "cpu" and fast.use_native_step():
-        _status("fast path: native decode step (one C call per token)")
+        kernel = fast.decode_step.choice.summary()
+        _status(f"fast path: native decode step (one C call per token), {kernel}")
     return fast
 
 

@@ -5,7 +5,9 @@ cache), `quantize` (weight-only int8 layers), `steps` (eager, compiled and
 native decode steps; prefill, decode, generate, pick_faster). Underneath:
 `kernels` (the CPU matrix-vector products as torch operators, and when
 they give torch's own bits), `native` (the whole decode step as one C
-call), `build` (compiling and caching the C library in `csrc/`).
+call), `variants` and `tuner` (the kernel variants this CPU runs, checked
+at load, and the one the native step runs, measured once per machine),
+`build` (compiling and caching the C library in `csrc/`).
 Measurements and how to reproduce them: ch02/03_fast-decoding/README.md.
 
 Importing this package builds nothing; the C library is built on first use.
