@@ -28,7 +28,8 @@ CJK = re.compile(r"[\u4e00-\u9fff]")
 # as a space in JupyterLab and on GitHub ("矩阵-向量 内核")
 _WIDE = "\u3000-\u303f\u4e00-\u9fff\uff00-\uffef"
 CJK_BREAK = re.compile(rf"[{_WIDE}]\n(?:> ?|[ \t]*)[{_WIDE}]")
-ZH_DOCS = [ROOT / "ch02" / "README.zh.md", EN_DIR / "README.zh.md"]
+# Every Chinese Markdown file, and the root README (its 中文快速上手 part).
+ZH_DOCS = sorted((ROOT / "ch02").glob("**/*.zh.md")) + [ROOT / "README.md"]
 
 
 def load_sync():
@@ -114,7 +115,9 @@ def test_zh_markdown_has_no_line_break_between_cjk_characters(en_path):
     assert breaks == [], "join these lines (a break renders as a space)"
 
 
-@pytest.mark.parametrize("path", ZH_DOCS, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize(
+    "path", ZH_DOCS, ids=lambda p: str(p.relative_to(ROOT))
+)
 def test_zh_readmes_have_no_line_break_between_cjk_characters(path):
     assert cjk_breaks(path.read_text(encoding="utf-8")) == []
 
