@@ -667,9 +667,30 @@ def test_prefill_estimate_bounds_the_attention_the_model_allocates():
 FRESH_PEAK = "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:]).returncode)"
 
 
+def private_copies(files: tuple[Path, Path | None], folder: Path) -> Path:
+    """Copies (new inodes, not links) of the stand-in files and their
+    markers in `folder`. A mapped page counts in a peak RSS, and this
+    process may map the shared stand-in checkpoint itself: then the int8
+    build's page-out cannot drop the bf16 pages it has quantized."""
+    import shutil
+
+    from utils.provenance import sidecar_path
+
+    folder.mkdir()
+    for path in files:
+        for src in (path, sidecar_path(path)):
+            shutil.copyfile(src, folder / src.name)
+    return folder
+
+
 @pytest.mark.slow
 def test_int8_fast_path_peaks_below_the_bf16_one(env, tmp_path_factory):
+    """The int8 build quantizes while loading: its peak is well below the
+    bf16 one (0.6 GB less weights; measured 1.40 against 1.84 GB)."""
     files = standin_files(tmp_path_factory, "base", tokenizer_only=False)
+    assert files[1] is not None
+    own = tmp_path_factory.mktemp("own-standins") / "files"
+    env = {**env, "QWEN3_STANDIN_DIR": str(private_copies(files, own))}
     peaks = {}
     for flags in (["--fast"], ["--fast", "--int8"]):
         folder = str(standin_root(tmp_path_factory))
@@ -685,9 +706,9 @@ def test_int8_fast_path_peaks_below_the_bf16_one(env, tmp_path_factory):
         got = re.search(
             r"^Peak process memory \(RSS\): ([\d.]+) GB$", proc.stderr, re.M
         )
+        assert f"Stand-in files in {own}/" in proc.stdout + proc.stderr
         peaks[" ".join(flags)] = float(got.group(1))
-    assert files[1] is not None
-    assert peaks["--fast --int8"] < peaks["--fast"], peaks
+    assert peaks["--fast --int8"] < peaks["--fast"] - 0.3, peaks
 
 
 def test_a_pickled_program_in_the_checkpoint_is_one_plain_line(

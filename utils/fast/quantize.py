@@ -146,11 +146,19 @@ def quantize_int8(model: nn.Module, include_head: bool = True) -> nn.Module:
         if isinstance(module, nn.Linear) and module.bias is None
         and (include_head or name != "out_head")
     ]  # fmt: skip
+    # The two largest matrices first (an untied embedding, then the head):
+    # quantized before the rest, their bf16 pages and int8 copies are the
+    # peak's only large parts; last, they came on top of every int8 layer.
+    targets.sort(key=lambda target: target[0] != "out_head")
     emb = getattr(model, "tok_emb", None)
     emb = emb if isinstance(emb, nn.Embedding) else None
     head = getattr(model, "out_head", None)
     tied = emb is not None and head is not None and head.weight is emb.weight
     with torch.no_grad():
+        if emb is not None and not tied and include_head:
+            q, scales = quantize_weight(emb.weight)
+            model.tok_emb = Int8Embedding(q, scales, emb.weight.dtype)
+            _release(emb)
         for name, linear in targets:
             parent_name, _, attr = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
@@ -164,10 +172,6 @@ def quantize_int8(model: nn.Module, include_head: bool = True) -> nn.Module:
                 emb.weight = None
             _release(linear)
             del linear
-        if emb is not None and not tied and include_head:
-            q, scales = quantize_weight(emb.weight)
-            model.tok_emb = Int8Embedding(q, scales, emb.weight.dtype)
-            _release(emb)
     notify = getattr(model, "on_layers_replaced", None)
     if callable(notify):
         notify()
