@@ -115,9 +115,7 @@ def test_zh_markdown_has_no_line_break_between_cjk_characters(en_path):
     assert breaks == [], "join these lines (a break renders as a space)"
 
 
-@pytest.mark.parametrize(
-    "path", ZH_DOCS, ids=lambda p: str(p.relative_to(ROOT))
-)
+@pytest.mark.parametrize("path", ZH_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_zh_readmes_have_no_line_break_between_cjk_characters(path):
     assert cjk_breaks(path.read_text(encoding="utf-8")) == []
 
