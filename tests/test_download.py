@@ -1208,6 +1208,10 @@ def test_a_process_waiting_on_a_failed_download_carries_on(hosts, payloads, tmp_
             # Paused, so it cannot take the lock (and make a new lock file)
             # before the checks below; it carries on when continued.
             child.send_signal(signal.SIGSTOP)
+            # kill() returns before the child has stopped (it may still run
+            # on the other core for a moment): wait until it has.
+            _, status = os.waitpid(child.pid, os.WUNTRACED)
+            assert os.WIFSTOPPED(status), status
             raise RuntimeError("holder fails")
     assert not (out / download.LOCK_NAME).exists()
     out.rmdir()  # what download_qwen3_small does with a folder it made
@@ -1215,6 +1219,36 @@ def test_a_process_waiting_on_a_failed_download_carries_on(hosts, payloads, tmp_
     rest = child.communicate(timeout=120)[0]
     assert child.returncode == 0, rest
     assert (out / TOK).read_bytes() == payloads[TOK] and is_verified(out / TOK)
+
+
+def test_a_folder_removed_during_the_lock_wait_is_made_again(monkeypatch, tmp_path):
+    """A failed run may remove the empty folder while filelock's poll loop
+    makes it again; pathlib then raises FileExistsError for a folder that
+    is gone. The wait carries on (checked by injecting that error)."""
+    from filelock import FileLock
+
+    out = tmp_path / "qwen3"
+    real, calls = FileLock.acquire, []
+
+    def racy(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) <= 2:
+            out.rmdir()
+            raise FileExistsError(17, "File exists", str(out))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(FileLock, "acquire", racy)
+    with download._exclusive(out, TOK):
+        assert out.is_dir() and (out / download.LOCK_NAME).exists()
+    assert len(calls) == 3
+
+
+def test_a_file_in_place_of_the_folder_is_not_waited_on(tmp_path):
+    out = tmp_path / "qwen3"
+    out.write_text("not a folder")
+    with pytest.raises(FileExistsError):
+        with download._exclusive(out, TOK):
+            pass
 
 
 PLAIN_CHILD = """

@@ -290,17 +290,24 @@ def _exclusive(out: Path, name: str) -> Iterator[None]:
     a folder removed meanwhile is made again."""
     from filelock import FileLock, Timeout
 
-    said = False
+    said, races = False, 0
     while True:
         lock = FileLock(out / LOCK_NAME)
         try:
+            out.mkdir(parents=True, exist_ok=True)
             lock.acquire(timeout=-1 if said else 0)
             break
         except Timeout:
             print(f"{out / name}: another process is downloading into {out}; waiting")
             said = True
-        except FileNotFoundError:  # a failed run removed the empty folder
-            out.mkdir(parents=True, exist_ok=True)
+        except (FileNotFoundError, FileExistsError):
+            # A failed run removed the empty folder while we (or filelock's
+            # poll loop, which makes the folder again) looked at it: pathlib's
+            # mkdir(exist_ok=True) then says "exists" for a folder now gone.
+            races += 1
+            if races > 20 or (out.exists() and not out.is_dir()):
+                raise
+            time.sleep(0.01 * races)
     out.mkdir(parents=True, exist_ok=True)
     try:
         yield
