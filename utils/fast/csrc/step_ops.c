@@ -152,10 +152,30 @@ static void attend_pair(const float *q, const uint16_t *kc, const uint16_t *vc,
     }
 }
 
+/* Reads n bf16 values (every 64-byte line once) and drops them: after a
+   step's weights have streamed through, a layer's keys and values are in
+   DRAM, and a plain load loop keeps many misses in flight where the
+   attention loops, and software prefetches of the same lines, did not
+   (see the fast-decoding README). */
+static void warm_lines(const uint16_t *p, long n) {
+    __m256i acc = _mm256_setzero_si256();
+    for (long i = 0; i < n; i += 32)
+        acc = _mm256_or_si256(acc, _mm256_loadu_si256((const __m256i *)(p + i)));
+    __asm__ volatile("" : : "x"(acc));
+}
+
+/* The group's keys and values are loaded ahead up to this size (both
+   together), so that they stay in a core's L2 until they are used */
+#define WARM_BYTES (256L * 1024)
+
 QWEN3_INTERNAL void attend_group(const float *q, const uint16_t *kc,
                                  const uint16_t *vc, long len, long d, long r,
                                  float *w, float *out) {
     long h = 0;
+    if (len * d * 4 <= WARM_BYTES) {
+        warm_lines(kc, len * d);
+        warm_lines(vc, len * d);
+    }
     if (d % 32 == 0)
         for (; h + 2 <= r; h += 2)
             attend_pair(q + h * d, kc, vc, len, d, w + h * len, out + h * d);
