@@ -126,32 +126,6 @@ static void pair_scores(const float *q, const uint16_t *kc, long len, long d,
             w[h * len + j] = rb(rb(dot_bf16(q + h * d, kc + j * d, d)) * inv);
 }
 
-/* Two query heads of one kv group (d % 32 == 0): shared scores, then each
-   head's softmax, then the values' weighted sums, 32 columns of both
-   heads per pass over the slots. */
-static void attend_pair(const float *q, const uint16_t *kc, const uint16_t *vc,
-                        long len, long d, float *w, float *out) {
-    pair_scores(q, kc, len, d, vc, w);
-    softmax(w, len);
-    softmax(w + len, len);
-    for (long i0 = 0; i0 < d; i0 += 32) {
-        __m256 a[2][4];
-        for (int h = 0; h < 2; ++h)
-            for (int b = 0; b < 4; ++b) a[h][b] = _mm256_setzero_ps();
-        for (long j = 0; j < len; ++j) {
-            const __m256 w0 = _mm256_set1_ps(w[j]), w1 = _mm256_set1_ps(w[len + j]);
-            for (int b = 0; b < 4; ++b) {
-                const __m256 v = bf16x8_natural(vc + j * d + i0 + 8 * b);
-                a[0][b] = _mm256_fmadd_ps(w0, v, a[0][b]);
-                a[1][b] = _mm256_fmadd_ps(w1, v, a[1][b]);
-            }
-        }
-        for (int h = 0; h < 2; ++h)
-            for (int b = 0; b < 4; ++b)
-                _mm256_storeu_ps(out + h * d + i0 + 8 * b, rb8(a[h][b]));
-    }
-}
-
 /* Reads n bf16 values (every 64-byte line once) and drops them: after a
    step's weights have streamed through, a layer's keys and values are in
    DRAM, and a plain load loop keeps many misses in flight where the
@@ -167,6 +141,52 @@ static void warm_lines(const uint16_t *p, long n) {
 /* The group's keys and values are loaded ahead up to this size (both
    together), so that they stay in a core's L2 until they are used */
 #define WARM_BYTES (256L * 1024)
+
+/* Values are summed a tile of slots at a time: the tile is loaded by a
+   plain loop, then its 32-column blocks in turn (one 64-byte line of each
+   slot per block) read it from L1; each output lane still adds the slots
+   in order, the partial sums kept unrounded in out between tiles. */
+#define VALUE_TILE 64
+
+/* Slots [j0, j1) of the weighted value sums of columns i0..i0+31 of both
+   heads (out: 2*d floats; rounded to bf16 after the last slot) */
+static void pair_values(const float *w, long len, const uint16_t *vc, long d,
+                        long i0, long j0, long j1, float *out) {
+    __m256 a[2][4];
+    for (int h = 0; h < 2; ++h)
+        for (int b = 0; b < 4; ++b)
+            a[h][b] = j0 ? _mm256_loadu_ps(out + h * d + i0 + 8 * b)
+                         : _mm256_setzero_ps();
+    for (long j = j0; j < j1; ++j) {
+        const __m256 w0 = _mm256_set1_ps(w[j]), w1 = _mm256_set1_ps(w[len + j]);
+        for (int b = 0; b < 4; ++b) {
+            const __m256 v = bf16x8_natural(vc + j * d + i0 + 8 * b);
+            a[0][b] = _mm256_fmadd_ps(w0, v, a[0][b]);
+            a[1][b] = _mm256_fmadd_ps(w1, v, a[1][b]);
+        }
+    }
+    for (int h = 0; h < 2; ++h)
+        for (int b = 0; b < 4; ++b)
+            _mm256_storeu_ps(out + h * d + i0 + 8 * b,
+                             j1 == len ? rb8(a[h][b]) : a[h][b]);
+}
+
+/* Two query heads of one kv group (d % 32 == 0): shared scores, then each
+   head's softmax, then the values' weighted sums, 32 columns of both
+   heads per pass over a tile of slots (see pair_values). */
+static void attend_pair(const float *q, const uint16_t *kc, const uint16_t *vc,
+                        long len, long d, float *w, float *out) {
+    pair_scores(q, kc, len, d, vc, w);
+    softmax(w, len);
+    softmax(w + len, len);
+    const int warm = len * d * 4 > WARM_BYTES; /* else loaded already */
+    for (long j0 = 0; j0 < len; j0 += VALUE_TILE) {
+        const long j1 = j0 + VALUE_TILE < len ? j0 + VALUE_TILE : len;
+        if (warm) warm_lines(vc + j0 * d, (j1 - j0) * d);
+        for (long i0 = 0; i0 < d; i0 += 32)
+            pair_values(w, len, vc, d, i0, j0, j1, out);
+    }
+}
 
 QWEN3_INTERNAL void attend_group(const float *q, const uint16_t *kc,
                                  const uint16_t *vc, long len, long d, long r,
