@@ -16,7 +16,14 @@ import utils.fast.build as build
 from tests.tiny import tiny_config, tiny_state_dict
 from utils.fast import FastQwen3
 from utils.fast.kernels import Kernels
-from utils.fast.tuner import LoadProbe, cache_path, choose_variants, decide, tune
+from utils.fast.tuner import (
+    ROUNDS,
+    LoadProbe,
+    cache_path,
+    choose_variants,
+    decide,
+    tune,
+)
 
 ONE = {"default": [1.0] * 5}
 
@@ -78,7 +85,7 @@ HOT = {"default": 30e9, "fast": 40e9, "slow": 90e9}
 def test_tune_picks_the_fastest_in_clean_rounds():
     result = tune(timer(TIMES), list(TIMES), "default", lambda: HOT, 2, FakeProbe())
     assert result.choice == "fast" and result.reason is None
-    assert result.clean == 5 and result.rounds == 6  # round 0 warms up
+    assert result.clean == ROUNDS and result.rounds == ROUNDS + 1  # 0 warms up
     assert result.medians()["fast"] == pytest.approx(0.9)
     assert result.medians()["slow"] == pytest.approx(1.2)
 
@@ -93,7 +100,7 @@ def test_rounds_under_foreign_load_are_not_counted():
     )
     assert result.choice == "fast"
     assert all(r == pytest.approx(1.2) for r in result.ratios["slow"])
-    assert result.clean == 5 and result.rounds > 9
+    assert result.clean == ROUNDS and result.rounds > 2 * ROUNDS - 1
 
 
 def test_a_busy_machine_keeps_the_default_and_says_why():
@@ -184,7 +191,7 @@ def test_the_choice_is_timed_once_then_cached_with_a_record(own_kernels, capsys)
     assert path.parent.stat().st_mode & 0o077 == 0  # the library's folder
     record = json.loads(path.read_text())
     assert record["variants"] == {"exact": "bf16_exact_avx2_eo"}
-    assert record["evidence"]["exact"]["clean_rounds"] == 5
+    assert record["evidence"]["exact"]["clean_rounds"] == ROUNDS
     timed = len(calls)
     again = choose(own_kernels, calls, probe=FakeProbe())
     assert again.how == "cached" and len(calls) == timed  # no timing
