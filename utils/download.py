@@ -308,8 +308,7 @@ def _exclusive(out: Path, name: str) -> Iterator[None]:
             if races > 20 or (out.exists() and not out.is_dir()):
                 raise
             time.sleep(0.01 * races)
-    out.mkdir(parents=True, exist_ok=True)
-    try:
+    try:  # the held lock file keeps the folder from being removed
         yield
     except BaseException:
         (out / LOCK_NAME).unlink(missing_ok=True)
