@@ -114,6 +114,27 @@ def test_every_variant_computes_what_its_class_promises(kernels, variant, thread
         assert torch.equal(got[~want.isnan()], want[~want.isnan()])
 
 
+@pytest.mark.parametrize("variant", list(every_variant()))
+def test_a_thread_that_starts_late_has_its_passes_taken_same_bits(kernels, variant):
+    """With the second thread held back 20 ms at the start of each product,
+    the first takes the passes left at the back of its share (run in
+    matvec.c): every row is still computed once, with the bits of one
+    thread alone."""
+    gen = torch.Generator().manual_seed(variant.index)
+    for k, rows in SHAPES[:3]:
+        if k % variant.kmul:
+            continue
+        x, ws, scales = problem(variant.cls, k, rows, gen)
+        alone = kernels.matvec_variant(variant.index, x, ws, scales, 1)
+        kernels.lib.qwen3_stolen_passes(20_000)
+        try:
+            late = kernels.matvec_variant(variant.index, x, ws, scales, 2)
+        finally:
+            stolen = kernels.lib.qwen3_stolen_passes(0)
+        assert torch.equal(late.view(torch.int32), alone.view(torch.int32)), k
+        assert stolen > 0, (k, rows)
+
+
 def test_the_table_has_the_defaults_first_and_the_avx512_forms(kernels):
     table = variant_table(kernels)
     assert [default_variant(table, c).name for c in CLASSES] == [

@@ -42,7 +42,7 @@ CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("matvec.c", "variants.c", "decode_step.c", "step_ops.c", "step_reference.c")
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC"]
 _OPENMP = "-fopenmp"
-ABI = 0x60000  # qwen3_matvec_abi() in csrc/matvec.c, plus 1 with OpenMP
+ABI = 0x70000  # qwen3_matvec_abi() in csrc/matvec.c, plus 1 with OpenMP
 
 # Entry points and their ctypes argument types (see csrc/matvec.c,
 # csrc/variants.c, csrc/decode_step.c and csrc/step_reference.c); a new
@@ -69,6 +69,7 @@ ENTRY_POINTS: dict[str, tuple[list, type]] = {
     "qwen3_variant_table": ([], ctypes.c_char_p),
     "qwen3_matvec_variant": ([_I, _P, _I, _I, _P, _P, _P, _P, _I, _L, _I], _I),
     "qwen3_variant_hot": ([_I, _P, _P, _P, _L, _L, _I, _P], _I),
+    "qwen3_stolen_passes": ([_I], _L),
     # for the tests: the step's pieces and their first forms, rounding, exp
     "qwen3_piece_attend": ([_I, _P, _P, _P, _L, _L, _L, _P, _P], _I),
     "qwen3_piece_norm_rope": ([_I, _P, _L, _P, _D, _P, _P, _P], _I),

@@ -31,14 +31,14 @@ static void mv(const mv_ctx *c, const float *x, long k, int count,
     const group g = {count, w, s, n};
     const kernel_variant *v = variant_fitting(s ? c->int8 : c->bf16, k);
     if (s) {
-        int8_group(x, &g, y, 0, k, c->threads, (int16_t *)c->xbuf, v->rows);
+        int8_group(x, &g, y, 0, k, c->threads, (int16_t *)c->xbuf, &v->rows);
         return;
     }
     if (v->prep) {
         v->prep(x, k, c->xbuf);
         x = c->xbuf;
     }
-    run(v->rows, x, &g, y, 0, k, c->threads);
+    run(&v->rows, x, &g, y, 0, k, c->threads);
 }
 
 /* y = w @ x for one matrix (s: its int8 scales, NULL for bf16) */
@@ -89,7 +89,7 @@ static int read_variants(const int *variants, mv_ctx *c) {
 
 /* The step's scratch memory (one allocation) and this position's RoPE rows */
 typedef struct {
-    float *x, *hin, *qf, *ctx, *tmp, *att; /* float32 */
+    float *x, *hin, *qf, *ctx, *scratch, *att; /* float32 */
     uint16_t *y;                           /* bf16 results of mv */
     mv_ctx mc;
     const float *cos, *sin;
@@ -112,14 +112,15 @@ static long y_max(const step_dims *d) {
 static float *alloc_buf(const step_dims *d, const void *const *p, long pos,
                         int threads, step_buf *b) {
     const long E = d->E, H = d->H, D = d->D, K_MAX = k_max(d);
-    const size_t floats = (size_t)(E + K_MAX + 2 * H * D + K_MAX + 16 + D
-                                   + H * (pos + 1));
+    const size_t floats = (size_t)(E + K_MAX + 2 * H * D + K_MAX + 16
+                                   + 2 * d->G * D + H * (pos + 1));
     float *mem = malloc(floats * 4 + (size_t)y_max(d) * 2);
     if (!mem) return NULL;
     b->x = mem, b->hin = b->x + E, b->qf = b->hin + K_MAX;
     b->ctx = b->qf + H * D;
     float *xbuf = b->ctx + H * D;
-    b->tmp = xbuf + K_MAX + 16, b->att = b->tmp + D;
+    b->scratch = xbuf + K_MAX + 16; /* 2 * D per kv group */
+    b->att = b->scratch + 2 * d->G * D;
     b->y = (uint16_t *)(b->att + H * (pos + 1));
     b->mc.threads = threads, b->mc.xbuf = xbuf;
     b->cos = (const float *)p[G_COS] + pos * D;
@@ -160,33 +161,34 @@ static void mv_gate_up(const step_dims *d, const void *const *q,
     mv(c, x, d->E, 2, w, s[0] ? s : NULL, n, y);
 }
 
-/* Layer q's new key (normed, rotated) and value into slot b->pos */
-static void write_cache(const step_dims *d, const void *const *q,
-                        step_buf *b) {
-    const long H = d->H, G = d->G, D = d->D, C = d->C, pos = b->pos;
-    uint16_t *kc = (uint16_t *)q[L_KC], *vc = (uint16_t *)q[L_VC];
-    for (long g = 0; g < G; ++g) {
-        norm_rope(b->y + (H + g) * D, D, q[L_KNORM], d->eps, b->cos, b->sin,
-                  b->tmp, b->ctx);
-        uint16_t *kslot = kc + (g * C + pos) * D;
-        for (long i = 0; i < D; ++i) kslot[i] = to_bf16(b->ctx[i]);
-        memcpy(vc + (g * C + pos) * D, b->y + (H + G + g) * D, (size_t)D * 2);
-    }
+/* Kv group g of layer q at slot b->pos: its query heads normed and
+   rotated, its new key (normed, rotated) and value written into the
+   caches, then its attention over the len filled slots */
+static void attend_kv_group(const step_dims *d, const void *const *q,
+                            step_buf *b, long g, long len) {
+    const long H = d->H, G = d->G, D = d->D, C = d->C, r = H / G;
+    float *t = b->scratch + g * 2 * D, *key = t + D;
+    for (long h = g * r; h < (g + 1) * r; ++h)
+        norm_rope(b->y + h * D, D, q[L_QNORM], d->eps, b->cos, b->sin, t,
+                  b->qf + h * D);
+    norm_rope(b->y + (H + g) * D, D, q[L_KNORM], d->eps, b->cos, b->sin, t,
+              key);
+    uint16_t *kc = (uint16_t *)q[L_KC] + g * C * D;
+    uint16_t *vc = (uint16_t *)q[L_VC] + g * C * D;
+    for (long i = 0; i < D; ++i) kc[b->pos * D + i] = to_bf16(key[i]);
+    memcpy(vc + b->pos * D, b->y + (H + G + g) * D, (size_t)D * 2);
+    attend_group(b->qf + g * r * D, kc, vc, len, D, r, b->att + g * r * len,
+                 b->ctx + g * r * D);
 }
 
 /* x += attention(norm1(x)) for layer q, its key and value written into
-   the caches at b->pos; the kv groups split over the threads */
+   the caches at b->pos; the kv groups (their RoPE too) split over the
+   threads */
 static void attention(const step_dims *d, const void *const *q,
                       step_buf *b) {
-    const long E = d->E, H = d->H, G = d->G, D = d->D, C = d->C;
-    const long r = H / G, len = b->pos + 1;
-    const uint16_t *kc = q[L_KC], *vc = q[L_VC];
+    const long E = d->E, H = d->H, G = d->G, D = d->D, len = b->pos + 1;
     rmsnorm(b->x, E, q[L_NORM1], d->eps, b->hin);
     mv_qkv(d, q, &b->mc, b->hin, b->y);
-    for (long h = 0; h < H; ++h)
-        norm_rope(b->y + h * D, D, q[L_QNORM], d->eps, b->cos, b->sin, b->tmp,
-                  b->qf + h * D);
-    write_cache(d, q, b);
     const int threads = b->mc.threads;
     /* split from two slots on: at position 20 one core took about 24 us
        per layer for the 8 groups, two about half that (a parallel region
@@ -197,9 +199,7 @@ static void attention(const step_dims *d, const void *const *q,
 #else
     (void)threads;
 #endif
-    for (long g = 0; g < G; ++g)
-        attend_group(b->qf + g * r * D, kc + g * C * D, vc + g * C * D, len, D,
-                     r, b->att + g * r * len, b->ctx + g * r * D);
+    for (long g = 0; g < G; ++g) attend_kv_group(d, q, b, g, len);
     mv1(&b->mc, b->ctx, H * D, q[L_WO], q[L_SO], E, b->y);
     add_residual(b->x, b->y, E);
 }

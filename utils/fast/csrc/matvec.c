@@ -8,7 +8,8 @@
    ahead (bf16.h). The *_multi entry points take several weights that
    share one input (q, k, v; gate and up) and fill one output: one call,
    one parallel region, rows split evenly over the threads across all the
-   matrices.
+   matrices, and a thread that finishes first takes what the other has
+   left from the back of its share (see run).
 
    A new kernel variant is a row kernel (rows_fn, see matvec.h) and a line
    in the table of variants.c; the tuner (utils/fast/tuner.py) then times
@@ -16,6 +17,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "matvec.h"
 
@@ -57,14 +59,14 @@ static inline void i8_fma(const int8_t *p, __m256 x0, __m256 x1,
     *b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), x1, *b);
 }
 
-/* Rows [lo, hi) of y = w x, four far-apart rows at a time. */
+/* y = w x in four sections (see rows_fn). */
 QWEN3_INTERNAL void rows_bf16(const float *xp, const void *wv,
                               const float *unused, void *y, int y_f32,
-                              long lo, long hi, long k) {
+                              long lo, long hi, long k, long j0, long j1) {
     const uint16_t *w = (const uint16_t *)wv;
     (void)unused;
     const long per = (hi - lo) / 4;
-    for (long j = 0; j < per; ++j) {
+    FULL_PASSES(j, j0, j1, per) {
         const uint16_t *r0 = w + (lo + j) * k, *r1 = w + (lo + per + j) * k;
         const uint16_t *r2 = w + (lo + 2 * per + j) * k;
         const uint16_t *r3 = w + (lo + 3 * per + j) * k;
@@ -84,7 +86,7 @@ QWEN3_INTERNAL void rows_bf16(const float *xp, const void *wv,
         store(y, y_f32, lo + 2 * per + j, hsum(_mm256_add_ps(a2, b2)));
         store(y, y_f32, lo + 3 * per + j, hsum(_mm256_add_ps(a3, b3)));
     }
-    for (long n = lo + 4 * per; n < hi; ++n) {
+    LEFTOVER_ROWS(n, j0, j1, per, lo, 4) {
         const uint16_t *r = w + n * k;
         __m256 a = _mm256_setzero_ps(), b = a;
         for (long i = 0; i < k; i += 16)
@@ -95,10 +97,11 @@ QWEN3_INTERNAL void rows_bf16(const float *xp, const void *wv,
 }
 
 static void rows_i8(const float *xn, const void *wv, const float *scale,
-                    void *y, int y_f32, long lo, long hi, long k) {
+                    void *y, int y_f32, long lo, long hi, long k, long j0,
+                    long j1) {
     const int8_t *w = (const int8_t *)wv;
     const long per = (hi - lo) / 4;
-    for (long j = 0; j < per; ++j) {
+    FULL_PASSES(j, j0, j1, per) {
         const long n0 = lo + j, n1 = n0 + per, n2 = n1 + per, n3 = n2 + per;
         const int8_t *r0 = w + n0 * k, *r1 = w + n1 * k;
         const int8_t *r2 = w + n2 * k, *r3 = w + n3 * k;
@@ -118,7 +121,7 @@ static void rows_i8(const float *xn, const void *wv, const float *scale,
         store(y, y_f32, n2, hsum(_mm256_add_ps(a2, b2)) * scale[n2]);
         store(y, y_f32, n3, hsum(_mm256_add_ps(a3, b3)) * scale[n3]);
     }
-    for (long n = lo + 4 * per; n < hi; ++n) {
+    LEFTOVER_ROWS(n, j0, j1, per, lo, 4) {
         const int8_t *r = w + n * k;
         __m256 a = _mm256_setzero_ps(), b = a;
         for (long i = 0; i < k; i += 16)
@@ -145,13 +148,13 @@ static inline __m256i i16_madd(const int8_t *p, __m256i xq) {
 
 QWEN3_INTERNAL void rows_i8q(const float *qxv, const void *wv,
                              const float *scale, void *y, int y_f32, long lo,
-                             long hi, long k) {
+                             long hi, long k, long j0, long j1) {
     const int8_t *w = (const int8_t *)wv;
     const int16_t *qx = (const int16_t *)qxv;
     float xs;
     memcpy(&xs, qx + k, 4);
     const long per = (hi - lo) / 4;
-    for (long j = 0; j < per + (hi - lo) % 4; ++j) {
+    for (long j = j0; j < j1; ++j) {
         /* four far-apart rows per pass, then the leftover rows one by one */
         const int four = j < per;
         long n[4];
@@ -218,9 +221,9 @@ static inline void exact_block(const float *x, const uint16_t *r, __m256 *s) {
    own loop with or without the software prefetch. */
 static inline __attribute__((always_inline)) void
 exact_rows(const float *xn, const uint16_t *w, void *y, int y_f32, long lo,
-           long hi, long k, const int prefetch) {
+           long hi, long k, long j0, long j1, const int prefetch) {
     const long per = (hi - lo) / 4;
-    for (long j = 0; j < per; ++j) {
+    FULL_PASSES(j, j0, j1, per) {
         const uint16_t *r[4];
         __m256 s[4][8];
         for (int q = 0; q < 4; ++q) {
@@ -235,7 +238,7 @@ exact_rows(const float *xn, const uint16_t *w, void *y, int y_f32, long lo,
         for (int q = 0; q < 4; ++q)
             store(y, y_f32, lo + q * per + j, reduce_like_aten(s[q]));
     }
-    for (long n = lo + 4 * per; n < hi; ++n) {
+    LEFTOVER_ROWS(n, j0, j1, per, lo, 4) {
         __m256 s[8];
         for (int p = 0; p < 8; ++p) s[p] = _mm256_setzero_ps();
         for (long i = 0; i < k; i += 64) exact_block(xn + i, w + n * k + i, s);
@@ -245,56 +248,168 @@ exact_rows(const float *xn, const uint16_t *w, void *y, int y_f32, long lo,
 
 QWEN3_INTERNAL void rows_bf16_exact(const float *xn, const void *wv,
                                     const float *unused, void *y, int y_f32,
-                                    long lo, long hi, long k) {
+                                    long lo, long hi, long k, long j0,
+                                    long j1) {
     (void)unused;
-    exact_rows(xn, (const uint16_t *)wv, y, y_f32, lo, hi, k, 1);
+    exact_rows(xn, (const uint16_t *)wv, y, y_f32, lo, hi, k, j0, j1, 1);
 }
 
 /* The same sums without the software prefetch (the hardware prefetchers
    alone may stream faster; the tuner decides). */
 QWEN3_INTERNAL void rows_bf16_exact_np(const float *xn, const void *wv,
                                        const float *unused, void *y,
-                                       int y_f32, long lo, long hi, long k) {
+                                       int y_f32, long lo, long hi, long k,
+                                       long j0, long j1) {
     (void)unused;
-    exact_rows(xn, (const uint16_t *)wv, y, y_f32, lo, hi, k, 0);
+    exact_rows(xn, (const uint16_t *)wv, y, y_f32, lo, hi, k, j0, j1, 0);
 }
 
-static long group_rows(const group *g) {
-    long total = 0;
-    for (int i = 0; i < g->count; ++i) total += g->n[i];
-    return total;
+/* the kernels of the entry points below */
+static const row_kernel ROWS_BF16 = {rows_bf16, 4},
+                        ROWS_BF16_EXACT = {rows_bf16_exact, 4},
+                        ROWS_I8Q = {rows_i8q, 4}, ROWS_I8 = {rows_i8, 4};
+
+/* A product split over threads: thread u owns the stacked rows
+   [n*u/T, n*(u+1)/T), a piece of each matrix they touch. The passes of a
+   piece not yet taken are [front, back), one 64-bit word on its own cache
+   line: the owner takes `claim` passes at a time from the front, so its
+   sections stream on; a thread with nothing left of its own takes half of
+   what remains (at least `claim`) from the back of the others' pieces. A
+   core slowed by its neighbours then no longer holds up the other at the
+   end of each product. Every pass is computed by one call, the same way
+   whoever makes it (see rows_fn), so the results are the same bits. */
+typedef struct {
+    uint64_t left; /* front << 32 | back */
+    char pad[56];
+} passes_left;
+
+typedef struct {
+    const row_kernel *rk;
+    const float *x;
+    const group *g;
+    void *y;
+    int y_f32, threads;
+    long k, n, claim;
+    passes_left *left; /* [threads][count] */
+} product;
+
+/* How much of the owner's work a whole product reads per take */
+#define CLAIM_BYTES (128L * 1024)
+
+static long stolen_passes; /* for the tests: passes taken from the back */
+static int stall_us;       /* for the tests: the last thread starts late */
+
+/* Rows [*a, *b) of matrix i that thread u owns, and the row of the stacked
+   output where matrix i starts; 0 when u owns none of it */
+static int piece(const product *p, int u, int i, long *a, long *b,
+                 long *base) {
+    *base = 0;
+    for (int m = 0; m < i; ++m) *base += p->g->n[m];
+    const long lo = p->n * u / p->threads, hi = p->n * (u + 1) / p->threads;
+    *a = lo > *base ? lo - *base : 0;
+    *b = hi - *base < p->g->n[i] ? hi - *base : p->g->n[i];
+    return *a < *b;
 }
 
-/* Rows [lo, hi) of the stacked output, matrix by matrix. */
-static void group_range(rows_fn fn, const float *xv, const group *g, void *y,
-                        int y_f32, long lo, long hi, long k) {
-    long base = 0;
-    const size_t esize = y_f32 ? 4 : 2;
-    for (int i = 0; i < g->count && base < hi; base += g->n[i], ++i) {
-        const long a = lo > base ? lo - base : 0;
-        const long b = hi - base < g->n[i] ? hi - base : g->n[i];
-        if (a >= b) continue;
-        fn(xv, g->w[i], g->scales ? g->scales[i] : NULL,
-           (char *)y + (size_t)base * esize, y_f32, a, b, k);
-    }
-}
-
-QWEN3_INTERNAL int run(rows_fn fn, const float *xv, const group *g, void *y,
-                       int y_f32, long k, int threads) {
-    const long n = group_rows(g);
-    /* small matrices are not worth waking the other threads */
-    if (threads < 1 || n * k < (1L << 16)) threads = 1;
 #ifdef _OPENMP
-    #pragma omp parallel num_threads(threads)
-    {
-        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        group_range(fn, xv, g, y, y_f32, n * t / nt, n * (t + 1) / nt, k);
-    }
-#else
-    (void)threads; /* built without OpenMP: one thread */
-    group_range(fn, xv, g, y, y_f32, 0, n, k);
+/* Takes passes of a piece: up to `want` from the front, or (back) half of
+   what is left but at least `want`; their count (0: none left), the first
+   in *j0 */
+static long take(uint64_t *left, long want, int back, long *j0) {
+    uint64_t old = __atomic_load_n(left, __ATOMIC_RELAXED), now;
+    long m;
+    do {
+        const long f = (long)(old >> 32), b = (long)(old & 0xffffffffu);
+        if (f >= b) return 0;
+        m = back && (b - f) / 2 > want ? (b - f) / 2 : want;
+        m = m < b - f ? m : b - f;
+        *j0 = back ? b - m : f;
+        now = back ? (old & ~0xffffffffull) | (uint64_t)(b - m)
+                   : (uint64_t)(f + m) << 32 | (uint64_t)b;
+    } while (!__atomic_compare_exchange_n(left, &old, now, 1, __ATOMIC_RELAXED,
+                                          __ATOMIC_RELAXED));
+    if (back) __atomic_fetch_add(&stolen_passes, m, __ATOMIC_RELAXED);
+    return m;
+}
+
+/* Everything left of thread u's piece of matrix i (back: taken from the
+   back, by a thread that finished its own) */
+static void work(const product *p, int u, int i, int back) {
+    long a, b, base, j0, m;
+    if (!piece(p, u, i, &a, &b, &base)) return;
+    const group *g = p->g;
+    char *y = (char *)p->y + (size_t)base * (p->y_f32 ? 4 : 2);
+    uint64_t *left = &p->left[u * g->count + i].left;
+    while ((m = take(left, p->claim, back, &j0)))
+        p->rk->fn(p->x, g->w[i], g->scales ? g->scales[i] : NULL, y, p->y_f32,
+                  a, b, p->k, j0, j0 + m);
+}
+
+static void stall(void) {
+    const struct timespec ts = {stall_us / 1000000, stall_us % 1000000 * 1000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Thread t of nt: its own pieces front to back, then the others' from
+   their backs */
+static void share(const product *p, int t, int nt) {
+    const int count = p->g->count;
+    if (stall_us && nt > 1 && t == nt - 1) stall();
+    for (int u = t; u < p->threads; u += nt)
+        for (int i = 0; i < count; ++i) work(p, u, i, 0);
+    for (int v = 1; v < p->threads; ++v)
+        for (int i = count - 1; i >= 0; --i) work(p, (t + v) % p->threads, i, 1);
+}
 #endif
+
+/* p's passes-left words, all pieces whole; 0 when out of memory */
+static int split(product *p) {
+    const int count = p->g->count, S = p->rk->sections;
+    p->left = aligned_alloc(64, sizeof(passes_left) * (size_t)(p->threads * count));
+    if (!p->left) return 0;
+    for (int u = 0; u < p->threads; ++u)
+        for (int i = 0; i < count; ++i) {
+            long a, b, base;
+            const long passes = piece(p, u, i, &a, &b, &base) ? pass_count(b - a, S) : 0;
+            p->left[u * count + i].left = (uint64_t)passes;
+        }
+    const long row_bytes = p->k * (p->g->scales ? 1 : 2) * S;
+    p->claim = CLAIM_BYTES / row_bytes > 1 ? CLAIM_BYTES / row_bytes : 1;
+    return 1;
+}
+
+QWEN3_INTERNAL int run(const row_kernel *rk, const float *xv, const group *g,
+                       void *y, int y_f32, long k, int threads) {
+    product p = {rk, xv, g, y, y_f32, threads, k, 0, 0, NULL};
+    for (int i = 0; i < g->count; ++i) p.n += g->n[i];
+    /* small matrices are not worth waking the other threads */
+    if (threads < 1 || p.n * k < (1L << 16) || p.n >= (1L << 31)) p.threads = 1;
+#ifndef _OPENMP
+    p.threads = 1; /* built without OpenMP: one thread */
+#endif
+    if (p.threads > 1 && !split(&p)) p.threads = 1;
+    if (p.threads == 1) {
+        const size_t esize = y_f32 ? 4 : 2;
+        char *out = y;
+        for (int i = 0; i < g->count; out += (size_t)g->n[i] * esize, ++i)
+            rk->fn(xv, g->w[i], g->scales ? g->scales[i] : NULL, out, y_f32, 0,
+                   g->n[i], k, 0, pass_count(g->n[i], rk->sections));
+        return 0;
+    }
+#ifdef _OPENMP
+    #pragma omp parallel num_threads(p.threads)
+    share(&p, omp_get_thread_num(), omp_get_num_threads());
+#endif
+    free(p.left);
     return 0;
+}
+
+/* For the tests: the passes taken from the back of another thread's
+   share since the last call; with us > 0 the last thread of every product
+   starts us microseconds late (0: no delay). */
+long qwen3_stolen_passes(int us) {
+    stall_us = us;
+    return __atomic_exchange_n(&stolen_passes, 0, __ATOMIC_RELAXED);
 }
 
 QWEN3_INTERNAL int bad_group(int count, const long *n) {
@@ -341,9 +456,9 @@ QWEN3_INTERNAL int quantize_x(const float *x, long k, int16_t *qx) {
    rows_i8, so they propagate as in float. */
 QWEN3_INTERNAL void int8_group(const float *xn, const group *g, void *y,
                                int y_f32, long k, int threads, int16_t *qx,
-                               rows_fn rows) {
+                               const row_kernel *rows) {
     if (quantize_x(xn, k, qx)) run(rows, (const float *)qx, g, y, y_f32, k, threads);
-    else run(rows_i8, xn, g, y, y_f32, k, threads);
+    else run(&ROWS_I8, xn, g, y, y_f32, k, threads);
 }
 
 /* y (sum n) = [w_0; w_1; ...] (n_i, k) @ x (k); k % 16 == 0. 0 on success. */
@@ -356,7 +471,7 @@ int qwen3_matvec_bf16_multi(const void *x, int x_f32, int count,
     load_x(x, x_f32, k, xn);
     permute16(xn, k, xn + k);
     const group g = {count, w, NULL, n};
-    run(rows_bf16, xn + k, &g, y, y_f32, k, threads);
+    run(&ROWS_BF16, xn + k, &g, y, y_f32, k, threads);
     free(xn);
     return 0;
 }
@@ -370,7 +485,7 @@ int qwen3_matvec_bf16_exact_multi(const void *x, int x_f32, int count,
     if (!xn) return 2;
     load_x(x, x_f32, k, xn);
     const group g = {count, w, NULL, n};
-    run(rows_bf16_exact, xn, &g, y, y_f32, k, threads);
+    run(&ROWS_BF16_EXACT, xn, &g, y, y_f32, k, threads);
     free(xn);
     return 0;
 }
@@ -387,7 +502,7 @@ int qwen3_matvec_int8_multi(const void *x, int x_f32, int count,
     if (!xn) return 2;
     load_x(x, x_f32, k, xn);
     const group g = {count, w, scales, n};
-    int8_group(xn, &g, y, y_f32, k, threads, (int16_t *)(xn + k), rows_i8q);
+    int8_group(xn, &g, y, y_f32, k, threads, (int16_t *)(xn + k), &ROWS_I8Q);
     free(xn);
     return 0;
 }
@@ -415,8 +530,8 @@ int qwen3_matvec_int8(const void *x, int x_f32, const void *w,
    with OpenMP). */
 int qwen3_matvec_abi(void) {
 #ifdef _OPENMP
-    return 0x60001;
+    return 0x70001;
 #else
-    return 0x60000;
+    return 0x70000;
 #endif
 }

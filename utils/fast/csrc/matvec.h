@@ -7,11 +7,30 @@
 
 #include "bf16.h"
 
-/* A row kernel: rows [lo, hi) of y = w x for one matrix (n rows, k
-   columns); x is prepared as the kernel expects (see matvec.c), scale is
-   the int8 row scales (NULL for bf16 weights). */
+/* A row kernel: passes [j0, j1) over rows [lo, hi) of y = w x for one
+   matrix (k columns); x is prepared as the kernel expects (see matvec.c),
+   scale is the int8 row scales (NULL for bf16 weights). The rows are cut
+   into S sections of per = (hi - lo) / S rows (S: the kernel's sections);
+   pass j < per reads row lo + q * per + j of every section q at once (S
+   far-apart streams), pass per + i the leftover row lo + S * per + i. So
+   every row is computed the same way whichever call takes its pass. */
 typedef void (*rows_fn)(const float *, const void *, const float *, void *,
-                        int, long, long, long);
+                        int, long, long, long, long, long);
+
+typedef struct {
+    rows_fn fn;
+    int sections; /* S */
+} row_kernel;
+
+/* The number of passes of `rows` rows in S sections */
+static inline long pass_count(long rows, int S) { return rows / S + rows % S; }
+
+/* The full passes of a call, and its leftover rows (see rows_fn) */
+#define FULL_PASSES(j, j0, j1, per) \
+    for (long j = (j0); j < ((j1) < (per) ? (j1) : (per)); ++j)
+#define LEFTOVER_ROWS(n, j0, j1, per, lo, S)                          \
+    for (long n = (lo) + (S) * (per) + ((j0) > (per) ? (j0) - (per) : 0); \
+         n < (lo) + (S) * (per) + (j1) - (per); ++n)
 
 /* One group of matrices sharing x: count weights (n[i], k) stacked into one
    output of sum(n) rows; scales[i] per matrix for int8 (else NULL). */
@@ -28,28 +47,25 @@ typedef struct {
 
 /* the row kernels: bf16 fast order (x permuted by permute16), bf16 in
    torch's AVX2 order (with and without software prefetch), int8 times x
-   in 16-bit fixed point (qx: see int8_group), int8 times float32 x */
-QWEN3_INTERNAL void rows_bf16(const float *xp, const void *wv,
-                              const float *unused, void *y, int y_f32,
-                              long lo, long hi, long k);
-QWEN3_INTERNAL void rows_bf16_exact(const float *xn, const void *wv,
-                                    const float *unused, void *y, int y_f32,
-                                    long lo, long hi, long k);
-QWEN3_INTERNAL void rows_bf16_exact_np(const float *xn, const void *wv,
-                                       const float *unused, void *y,
-                                       int y_f32, long lo, long hi, long k);
-QWEN3_INTERNAL void rows_i8q(const float *qxv, const void *wv,
-                             const float *scale, void *y, int y_f32, long lo,
-                             long hi, long k);
+   in 16-bit fixed point (qx: see int8_group) */
+#define ROW_KERNEL(name)                                                  \
+    QWEN3_INTERNAL void name(const float *x, const void *w, const float *s, \
+                             void *y, int y_f32, long lo, long hi, long k,  \
+                             long j0, long j1)
+ROW_KERNEL(rows_bf16);
+ROW_KERNEL(rows_bf16_exact);
+ROW_KERNEL(rows_bf16_exact_np);
+ROW_KERNEL(rows_i8q);
 /* x (k values, bf16 or float32) as float32 */
 QWEN3_INTERNAL void load_x(const void *x, int x_f32, long k, float *out);
 /* 1 for a group of no matrices or a negative row count */
 QWEN3_INTERNAL int bad_group(int count, const long *n);
 /* x reordered for rows_bf16 */
 QWEN3_INTERNAL void permute16(const float *xn, long k, float *xp);
-/* all rows of a group, split over `threads` threads */
-QWEN3_INTERNAL int run(rows_fn fn, const float *xv, const group *g, void *y,
-                       int y_f32, long k, int threads);
+/* all rows of a group, split over `threads` threads (see run in
+   matvec.c: a thread that is done takes passes from the others' ends) */
+QWEN3_INTERNAL int run(const row_kernel *rk, const float *xv, const group *g,
+                       void *y, int y_f32, long k, int threads);
 /* x rounded to 16-bit fixed point: k int16 in qx, then the scale as one
    float; 0 (qx untouched) if x holds an inf or NaN. k % 8 == 0. */
 QWEN3_INTERNAL int quantize_x(const float *x, long k, int16_t *qx);
@@ -57,7 +73,7 @@ QWEN3_INTERNAL int quantize_x(const float *x, long k, int16_t *qx);
    scratch of k int16 + one float) */
 QWEN3_INTERNAL void int8_group(const float *xn, const group *g, void *y,
                                int y_f32, long k, int threads, int16_t *qx,
-                               rows_fn rows);
+                               const row_kernel *rows);
 
 /* ---- kernel variants (variants.c) ------------------------------------- */
 
@@ -72,7 +88,7 @@ typedef void (*prep_fn)(const float *xn, long k, float *xp);
 
 typedef struct {
     const char *name;
-    rows_fn rows;
+    row_kernel rows;
     prep_fn prep; /* NULL: x as it is (int8: quantize_x, in int8_group) */
     int cls, needs, kmul; /* kmul: k must be a multiple of it */
 } kernel_variant;

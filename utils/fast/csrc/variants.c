@@ -128,23 +128,24 @@ static inline void eo2_rows(const float *xp, const uint16_t *const *r, int R,
     }
 }
 
-/* The sums of rows_bf16_exact, two far-apart rows per pass. */
+/* The sums of rows_bf16_exact in two sections (see rows_fn). */
 static void rows_exact_eo(const float *xp, const void *wv, const float *unused,
-                          void *y, int y_f32, long lo, long hi, long k) {
+                          void *y, int y_f32, long lo, long hi, long k,
+                          long j0, long j1) {
     const uint16_t *w = (const uint16_t *)wv;
     (void)unused;
     const long per = (hi - lo) / 2;
     float out[2];
-    for (long j = 0; j < per; ++j) {
+    FULL_PASSES(j, j0, j1, per) {
         const uint16_t *r[2] = {w + (lo + j) * k, w + (lo + per + j) * k};
         eo2_rows(xp, r, 2, k, out);
         store(y, y_f32, lo + j, out[0]);
         store(y, y_f32, lo + per + j, out[1]);
     }
-    if (lo + 2 * per < hi) {
-        const uint16_t *r[1] = {w + (hi - 1) * k};
+    LEFTOVER_ROWS(n, j0, j1, per, lo, 2) {
+        const uint16_t *r[1] = {w + n * k};
         eo2_rows(xp, r, 1, k, out);
-        store(y, y_f32, hi - 1, out[0]);
+        store(y, y_f32, n, out[0]);
     }
 }
 
@@ -203,19 +204,20 @@ T512 INLINE void eo5_rows(const void *xv, const uint16_t *const *r, int R,
 typedef void (*bf16_body)(const void *x, const uint16_t *const *r, int R,
                           long k, float *out);
 
-/* Rows [lo, hi) with `body`, four far-apart rows per pass, then the rest
-   one by one (inlined with a constant body: one loop per kernel) */
+/* Passes [j0, j1) of rows [lo, hi) in four sections with `body` (see
+   rows_fn; inlined with a constant body: one loop per kernel) */
 T512 INLINE void four_rows(bf16_body body, const void *x, const uint16_t *w,
-                           void *y, int y_f32, long lo, long hi, long k) {
+                           void *y, int y_f32, long lo, long hi, long k,
+                           long j0, long j1) {
     const long per = (hi - lo) / 4;
     float out[4];
-    for (long j = 0; j < per; ++j) {
+    FULL_PASSES(j, j0, j1, per) {
         const uint16_t *r[4];
         for (int q = 0; q < 4; ++q) r[q] = w + (lo + q * per + j) * k;
         body(x, r, 4, k, out);
         for (int q = 0; q < 4; ++q) store(y, y_f32, lo + q * per + j, out[q]);
     }
-    for (long n = lo + 4 * per; n < hi; ++n) {
+    LEFTOVER_ROWS(n, j0, j1, per, lo, 4) {
         const uint16_t *r[1] = {w + n * k};
         body(x, r, 1, k, out);
         store(y, y_f32, n, out[0]);
@@ -225,9 +227,9 @@ T512 INLINE void four_rows(bf16_body body, const void *x, const uint16_t *w,
 /* The sums of rows_bf16_exact, four far-apart rows per pass. */
 T512 static void rows_exact_512(const float *xp, const void *wv,
                                 const float *unused, void *y, int y_f32,
-                                long lo, long hi, long k) {
+                                long lo, long hi, long k, long j0, long j1) {
     (void)unused;
-    four_rows(eo5_rows, xp, (const uint16_t *)wv, y, y_f32, lo, hi, k);
+    four_rows(eo5_rows, xp, (const uint16_t *)wv, y, y_f32, lo, hi, k, j0, j1);
 }
 
 /* ---- fast class, AVX512_BF16 ------------------------------------------- */
@@ -256,9 +258,10 @@ T512BF16 INLINE void dp_rows(const void *xv, const uint16_t *const *r,
 
 T512BF16 static void rows_fast_bf16dp(const float *xp, const void *wv,
                                       const float *unused, void *y, int y_f32,
-                                      long lo, long hi, long k) {
+                                      long lo, long hi, long k, long j0,
+                                      long j1) {
     (void)unused;
-    four_rows(dp_rows, xp, (const uint16_t *)wv, y, y_f32, lo, hi, k);
+    four_rows(dp_rows, xp, (const uint16_t *)wv, y, y_f32, lo, hi, k, j0, j1);
 }
 
 /* ---- int8 class, AVX512_VNNI --------------------------------------------- */
@@ -297,14 +300,15 @@ T512VNNI INLINE void vnni_rows(const int16_t *qx, const int8_t *const *r,
 
 T512VNNI static void rows_i8q_vnni(const float *qxv, const void *wv,
                                    const float *scale, void *y, int y_f32,
-                                   long lo, long hi, long k) {
+                                   long lo, long hi, long k, long j0,
+                                   long j1) {
     const int8_t *w = (const int8_t *)wv;
     const int16_t *qx = (const int16_t *)qxv;
     float xs;
     memcpy(&xs, qx + k, 4);
     const long per = (hi - lo) / 4;
     __m256 f[4];
-    for (long j = 0; j < per; ++j) {
+    FULL_PASSES(j, j0, j1, per) {
         const int8_t *r[4];
         for (int q = 0; q < 4; ++q) r[q] = w + (lo + q * per + j) * k;
         vnni_rows(qx, r, 4, k, f);
@@ -313,7 +317,7 @@ T512VNNI static void rows_i8q_vnni(const float *qxv, const void *wv,
             store(y, y_f32, n, hsum(f[q]) * xs * scale[n]);
         }
     }
-    for (long n = lo + 4 * per; n < hi; ++n) {
+    LEFTOVER_ROWS(n, j0, j1, per, lo, 4) {
         const int8_t *r[1] = {w + n * k};
         vnni_rows(qx, r, 1, k, f);
         store(y, y_f32, n, hsum(f[0]) * xs * scale[n]);
@@ -326,21 +330,23 @@ T512VNNI static void rows_i8q_vnni(const float *qxv, const void *wv,
 
 /* Per class the kernel of matvec.c first: the reference and the default */
 static const kernel_variant VARIANTS[] = {
-    {"bf16_exact_avx2", rows_bf16_exact, NULL, CLASS_EXACT, CPU_AVX2, 64},
-    {"bf16_exact_avx2_np", rows_bf16_exact_np, NULL, CLASS_EXACT, CPU_AVX2, 64},
-    {"bf16_exact_avx2_eo", rows_exact_eo, evenodd8, CLASS_EXACT, CPU_AVX2, 64},
+    {"bf16_exact_avx2", {rows_bf16_exact, 4}, NULL, CLASS_EXACT, CPU_AVX2, 64},
+    {"bf16_exact_avx2_np", {rows_bf16_exact_np, 4}, NULL, CLASS_EXACT,
+     CPU_AVX2, 64},
+    {"bf16_exact_avx2_eo", {rows_exact_eo, 2}, evenodd8, CLASS_EXACT, CPU_AVX2,
+     64},
 #ifdef QWEN3_AVX512
-    {"bf16_exact_avx512", rows_exact_512, evenodd16, CLASS_EXACT,
+    {"bf16_exact_avx512", {rows_exact_512, 4}, evenodd16, CLASS_EXACT,
      CPU_AVX2 | CPU_AVX512, 64},
 #endif
-    {"bf16_fast_avx2", rows_bf16, permute16, CLASS_FAST, CPU_AVX2, 16},
+    {"bf16_fast_avx2", {rows_bf16, 4}, permute16, CLASS_FAST, CPU_AVX2, 16},
 #ifdef QWEN3_AVX512
-    {"bf16_fast_avx512bf16", rows_fast_bf16dp, x_to_bf16, CLASS_FAST,
+    {"bf16_fast_avx512bf16", {rows_fast_bf16dp, 4}, x_to_bf16, CLASS_FAST,
      CPU_AVX2 | CPU_AVX512 | CPU_AVX512_BF16, 64},
 #endif
-    {"int8_avx2", rows_i8q, NULL, CLASS_INT8, CPU_AVX2, 16},
+    {"int8_avx2", {rows_i8q, 4}, NULL, CLASS_INT8, CPU_AVX2, 16},
 #ifdef QWEN3_AVX512
-    {"int8_avx512vnni", rows_i8q_vnni, NULL, CLASS_INT8,
+    {"int8_avx512vnni", {rows_i8q_vnni, 4}, NULL, CLASS_INT8,
      CPU_AVX2 | CPU_AVX512 | CPU_AVX512_VNNI, 64},
 #endif
 };
@@ -427,10 +433,10 @@ int qwen3_matvec_variant(int i, const void *x, int x_f32, int count,
     float *xp = xn + k;
     const group g = {count, w, scales, n};
     if (v->cls == CLASS_INT8) {
-        int8_group(xn, &g, y, y_f32, k, threads, (int16_t *)xp, v->rows);
+        int8_group(xn, &g, y, y_f32, k, threads, (int16_t *)xp, &v->rows);
     } else {
         if (v->prep) v->prep(xn, k, xp);
-        run(v->rows, v->prep ? xp : xn, &g, y, y_f32, k, threads);
+        run(&v->rows, v->prep ? xp : xn, &g, y, y_f32, k, threads);
     }
     free(xn);
     return 0;
@@ -455,7 +461,8 @@ int qwen3_variant_hot(int i, const float *x, const void *w,
         if (v->prep) v->prep(x, k, xp);
         else memcpy(xp, x, (size_t)k * 4);
     }
-    for (int r = 0; r < reps; ++r) v->rows(xp, w, scales, y, 1, 0, n, k);
+    const long passes = pass_count(n, v->rows.sections);
+    for (int r = 0; r < reps; ++r) v->rows.fn(xp, w, scales, y, 1, 0, n, k, 0, passes);
     free(xp);
     return 0;
 }
