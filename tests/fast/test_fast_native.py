@@ -176,6 +176,11 @@ def test_step_follows_a_new_cache_and_holds_a_copied_cos():
     cos = step._keep_cache[0]  # the copy the table points at, kept alive
     assert cos.is_contiguous() and torch.equal(cos, model.cos)
     assert step.cos_pointer() == cos.data_ptr()
+    last = model.trf_blocks[-1].att  # one layer's cache replaced alone
+    last.v_cache = last.v_cache.clone()
+    with torch.inference_mode():
+        decode_one_token(model, tok, torch.tensor([pos]))
+    assert step._cache_refs[-1] is last.v_cache
 
 
 def test_falls_back_to_eager_where_it_cannot_run(capsys):

@@ -28,6 +28,7 @@ default kernels, so the choice changes the speed, not the tokens.
 from __future__ import annotations
 
 import array
+import operator
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -167,6 +168,11 @@ class NativeStep:
         self._eps = float(model.final_norm.eps)
         self._table = array.array("Q", self._static_table(model))
         self._atts = [block.att for block in model.trf_blocks]
+        # the dicts nn.Module keeps the caches in: read per step, they cost
+        # a few microseconds where 58 attribute reads through
+        # Module.__getattr__ took 65 (and several times that with the
+        # interpreter's data cold after the weights streamed through)
+        self._cache_dicts = [a._buffers for a in self._atts]
         # the cos/sin and cache tensors the table points at, held so their
         # memory cannot be freed and reused while the table names it
         self._cache_refs: tuple[torch.Tensor, ...] = ()
@@ -288,15 +294,19 @@ class NativeStep:
             table += self._layer_slots(block)
         return table
 
+    def _current_cache(self, model: Any) -> list[torch.Tensor | None]:
+        """[cos, sin, k_cache 0, v_cache 0, ...]: what the table must name."""
+        current = [model._buffers["cos"], model._buffers["sin"]]
+        for buffers in self._cache_dicts:
+            current += (buffers["k_cache"], buffers["v_cache"])
+        return current
+
     def _point_at_cache(self, model: Any) -> None:
         """Point the table at the model's current cache and cos/sin rows
         (checked by identity each step: a few microseconds)."""
-        current = (model.cos, model.sin)
-        current += tuple(t for a in self._atts for t in (a.k_cache, a.v_cache))
+        current = self._current_cache(model)
         held = self._cache_refs
-        if len(held) == len(current) and all(
-            a is b for a, b in zip(current, held, strict=True)
-        ):
+        if len(held) == len(current) and all(map(operator.is_, current, held)):
             return
         cos, sin = model.cos.contiguous(), model.sin.contiguous()
         caches = current[2:]
@@ -312,11 +322,11 @@ class NativeStep:
         self._dims[self._d["CACHE"]] = caches[0].shape[2]
         # the identity check needs the model's own objects; the pointers
         # may name contiguous copies: hold both
-        self._cache_refs = current
+        self._cache_refs = tuple(current)
         self._keep_cache = (cos, sin)
 
     def _usable(self, model: Any, cur_token: torch.Tensor) -> bool:
-        cache = model.trf_blocks[0].att.k_cache
+        cache = self._cache_dicts[0]["k_cache"]
         return (
             cur_token.shape == (1, 1)
             and cur_token.device.type == "cpu"
@@ -336,7 +346,7 @@ class NativeStep:
         if not self._usable(model, cur_token):
             return greedy_step(model, cur_token, input_pos, kv_len)
         self._point_at_cache(model)
-        pos, token = int(input_pos.reshape(-1)[0]), int(cur_token[0, 0])
+        pos, token = int(input_pos.reshape(-1)[0]), int(cur_token)
         logits = torch.empty(1, self._vocab, dtype=torch.bfloat16)
         threads = torch.get_num_threads()
         variants = self._variants_for(threads)
