@@ -49,6 +49,16 @@ def test_decide_breaks_a_tie_by_the_cache_resident_rate():
     assert decide(ratios, {"default": 50e9, "wide": 50e9}, "default") == "default"
 
 
+def test_decide_keeps_the_default_over_a_variant_behind_it_within_the_margin():
+    ratios = {**ONE, "wide": [1.01, 1.02, 1.00, 1.01, 1.03]}  # median 1.01
+    assert decide(ratios, {"default": 30e9, "wide": 90e9}, "default") == "default"
+    # ahead of the default and within the margin of the best: the hot rate
+    ratios["best"] = [0.97, 0.96, 0.98, 0.97, 0.97]
+    ratios["near"] = [0.99, 0.98, 0.99, 1.00, 0.99]
+    hot = {"default": 30e9, "wide": 90e9, "best": 40e9, "near": 60e9}
+    assert decide(ratios, hot, "default") == "near"
+
+
 class FakeProbe(LoadProbe):
     """Round r is disturbed where `busy(r)` says so."""
 

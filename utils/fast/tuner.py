@@ -18,10 +18,14 @@ wall time (a descheduled thread shows as missing CPU time) and, where
 /proc/stat can be read, other processes below 6 % of the machine. With
 fewer than 3 clean rounds the default is kept and nothing is cached.
 Decision (`decide`): the candidates whose median ratio is within `margin`
-of the best are as fast as each other at this moment's memory speed; of
-those the one with the highest cache-resident speed wins (its compute to
-spare counts when the memory is faster than while tuning), so a variant
-measurably slower than another is never chosen.
+of the best, and no slower than the default's, are as fast as each other at
+this moment's memory speed; of those the one with the highest
+cache-resident speed wins (its compute to spare can count when the memory
+is faster than while tuning), so a variant measurably slower than another
+is never chosen. A variant whose median is behind the default's, even
+within the margin, is not: on a 2-core Zen 4 VM, int8_avx512vnni timed
+1.008 of int8_avx2 and won on its cache-resident speed, while whole steps
+timed side by side later ran 2-5 % slower with it in every memory phase.
 
 The choice is cached next to the kernel library (`kernel_cache_dir`),
 keyed by the library, the CPU, the thread count and the model's shapes,
@@ -65,7 +69,7 @@ __all__ = [
 ]
 
 ENV = "QWEN3_KERNEL_VARIANTS"
-VERSION = 2  # of the cached record and of the rules above
+VERSION = 3  # of the cached record and of the rules above
 # Clean rounds to time, and the seconds allowed for them: one round's ratio
 # to the default scatters by +-5-8 % on a shared machine, so 5 rounds (the
 # first setting) often picked a variant slower over the long run (numbers
@@ -158,14 +162,14 @@ def decide(
     margin: float = 0.03,
 ) -> str:
     """The candidate to run: of those whose median time ratio (to the
-    default, same rounds) is within `margin` of the best median, the one
-    with the highest cache-resident rate `hot` (bytes/s; the default wins
-    a tie)."""
+    default, same rounds) is within `margin` of the best median and not
+    above the default's, the one with the highest cache-resident rate `hot`
+    (bytes/s; the default wins a tie)."""
     medians = {n: statistics.median(r) for n, r in ratios.items() if r}
     if default not in medians:
         return default
-    best = min(medians.values())
-    contenders = [n for n, m in medians.items() if m <= best + margin]
+    best, own = min(medians.values()), medians[default]
+    contenders = [n for n, m in medians.items() if m <= min(best + margin, own)]
     return max(contenders, key=lambda n: (hot.get(n, 0.0), n == default))
 
 
