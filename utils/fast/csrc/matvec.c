@@ -358,20 +358,22 @@ static void share(const product *p, int t, int nt) {
     for (int u = t; u < p->threads; u += nt)
         for (int i = 0; i < count; ++i) work(p, u, i, 0);
     for (int v = 1; v < p->threads; ++v)
-        for (int i = count - 1; i >= 0; --i) work(p, (t + v) % p->threads, i, 1);
+        for (int i = count - 1; i >= 0; --i)
+            work(p, (t + v) % p->threads, i, 1);
 }
 #endif
 
 /* p's passes-left words, all pieces whole; 0 when out of memory */
 static int split(product *p) {
     const int count = p->g->count, S = p->rk->sections;
-    p->left = aligned_alloc(64, sizeof(passes_left) * (size_t)(p->threads * count));
+    const size_t words = (size_t)p->threads * (size_t)count;
+    p->left = aligned_alloc(64, sizeof(passes_left) * words);
     if (!p->left) return 0;
     for (int u = 0; u < p->threads; ++u)
         for (int i = 0; i < count; ++i) {
             long a, b, base;
-            const long passes = piece(p, u, i, &a, &b, &base) ? pass_count(b - a, S) : 0;
-            p->left[u * count + i].left = (uint64_t)passes;
+            const int any = piece(p, u, i, &a, &b, &base);
+            p->left[u * count + i].left = any ? (uint64_t)pass_count(b - a, S) : 0;
         }
     const long row_bytes = p->k * (p->g->scales ? 1 : 2) * S;
     p->claim = CLAIM_BYTES / row_bytes > 1 ? CLAIM_BYTES / row_bytes : 1;

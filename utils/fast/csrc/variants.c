@@ -462,7 +462,8 @@ int qwen3_variant_hot(int i, const float *x, const void *w,
         else memcpy(xp, x, (size_t)k * 4);
     }
     const long passes = pass_count(n, v->rows.sections);
-    for (int r = 0; r < reps; ++r) v->rows.fn(xp, w, scales, y, 1, 0, n, k, 0, passes);
+    for (int r = 0; r < reps; ++r)
+        v->rows.fn(xp, w, scales, y, 1, 0, n, k, 0, passes);
     free(xp);
     return 0;
 }
