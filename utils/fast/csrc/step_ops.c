@@ -173,16 +173,16 @@ static void pair_values(const float *w, long len, const uint16_t *vc, long d,
 
 /* Two query heads of one kv group (d % 32 == 0): shared scores, then each
    head's softmax, then the values' weighted sums, 32 columns of both
-   heads per pass over a tile of slots (see pair_values). */
+   heads per pass over a tile of slots (see pair_values), each tile
+   loaded first unless all the values were (`loaded`). */
 static void attend_pair(const float *q, const uint16_t *kc, const uint16_t *vc,
-                        long len, long d, float *w, float *out) {
+                        long len, long d, int loaded, float *w, float *out) {
     pair_scores(q, kc, len, d, vc, w);
     softmax(w, len);
     softmax(w + len, len);
-    const int warm = len * d * 4 > WARM_BYTES; /* else loaded already */
     for (long j0 = 0; j0 < len; j0 += VALUE_TILE) {
         const long j1 = j0 + VALUE_TILE < len ? j0 + VALUE_TILE : len;
-        if (warm) warm_lines(vc + j0 * d, (j1 - j0) * d);
+        if (!loaded) warm_lines(vc + j0 * d, (j1 - j0) * d);
         for (long i0 = 0; i0 < d; i0 += 32)
             pair_values(w, len, vc, d, i0, j0, j1, out);
     }
@@ -192,13 +192,15 @@ QWEN3_INTERNAL void attend_group(const float *q, const uint16_t *kc,
                                  const uint16_t *vc, long len, long d, long r,
                                  float *w, float *out) {
     long h = 0;
-    if (len * d * 4 <= WARM_BYTES) {
+    const int loaded = len * d * 4 <= WARM_BYTES; /* keys and values */
+    if (loaded) {
         warm_lines(kc, len * d);
         warm_lines(vc, len * d);
     }
     if (d % 32 == 0)
         for (; h + 2 <= r; h += 2)
-            attend_pair(q + h * d, kc, vc, len, d, w + h * len, out + h * d);
+            attend_pair(q + h * d, kc, vc, len, d, loaded, w + h * len,
+                        out + h * d);
     for (; h < r; ++h)
         attend_head(q + h * d, kc, vc, len, d, w + h * len, out + h * d);
 }
