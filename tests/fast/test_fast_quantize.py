@@ -7,15 +7,18 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
 from reasoning_from_scratch.qwen3 import KVCache
 
 import utils.fast
+import utils.fast.quantize as quantize_module
 from tests.tiny import PROMPT, tiny_config, tiny_state_dict, tokens
 from utils.fast import FastQwen3, decode_one_token, generate, prefill
 from utils.fast.quantize import (
     Int8Embedding,
     Int8Linear,
+    int8_block,
     quantize_int8,
     quantize_weight,
 )
@@ -135,3 +138,80 @@ def test_quantize_releases_each_bf16_weight(tmp_path):
     # the package's public names are the quantize module's
     assert utils.fast.quantize_int8 is quantize_int8
     assert utils.fast.Int8Linear is Int8Linear
+
+
+HUGE = 2 << 20
+
+
+def test_int8_weights_are_quantized_into_one_block_in_model_order():
+    cfg = tiny_config(context_length=512, dtype=torch.bfloat16)
+    sd = tiny_state_dict(5, cfg)  # untied: the embedding is in the block too
+    q = quantize_int8(FastQwen3.from_state_dict(cfg, sd))
+    names = ["tok_emb"] + [
+        name for name, m in q.named_modules() if isinstance(m, Int8Linear)
+    ]
+    tensors = [q.get_submodule(name).weight_int8 for name in names]
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1
+    starts = [t.data_ptr() for t in tensors]
+    assert starts[0] % HUGE == 0 and all(p % 64 == 0 for p in starts)
+    ends = [p + t.numel() for p, t in zip(starts, tensors, strict=True)]
+    assert all(e <= p for e, p in zip(ends, starts[1:], strict=False))
+    for name, t in zip(names, tensors, strict=True):  # the same numbers
+        want, _ = quantize_weight(sd[f"{name}.weight"])
+        assert t.is_contiguous() and torch.equal(t, want), name
+
+
+def test_int8_block_advises_only_whole_aligned_2mb_pages(monkeypatch):
+    calls = []
+    monkeypatch.setattr(quantize_module, "_madvise", lambda *a: calls.append(a))
+    shapes = [(1024, 3000), (3, 5), (2048, 1024)]  # 5.2 MB
+    block = int8_block(shapes)
+    assert [tuple(t.shape) for t in block] == shapes
+    start = block[0].data_ptr()
+    assert calls == [(start, 2 * HUGE, quantize_module._MADV_HUGEPAGE)]
+    assert start % HUGE == 0 and block[2].data_ptr() + block[2].numel() > (
+        start + 2 * HUGE
+    )  # the partial last 2 MB stays on 4 KB pages (no memory added)
+    calls.clear()
+    assert [t.numel() for t in int8_block([(1000, 2000)])] == [2_000_000]
+    assert calls[0][1] == 0  # under 2 MB: nothing to advise
+
+
+def test_int8_weights_elsewhere_than_the_cpu_get_no_block(monkeypatch):
+    def no_block(shapes):
+        raise AssertionError("int8_block called for meta weights")
+
+    monkeypatch.setattr(quantize_module, "int8_block", no_block)
+    linear = torch.nn.Linear(8, 4, bias=False, device="meta")
+    assert quantize_module._slots(None, [("x", linear)]) == {}
+
+
+def test_madvise_is_not_called_off_linux(monkeypatch):
+    def no_libc(*args, **kwargs):
+        raise AssertionError("libc opened off Linux")
+
+    monkeypatch.setattr(quantize_module.sys, "platform", "darwin")
+    monkeypatch.setattr(quantize_module.ctypes, "CDLL", no_libc)
+    quantize_module._madvise(HUGE, HUGE, quantize_module._MADV_HUGEPAGE)
+    assert len(int8_block([(2048, 2048)])) == 1
+
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+@pytest.mark.skipif(
+    not THP.exists() or "[never]" in THP.read_text(),
+    reason="no transparent huge pages on this machine (Linux only)",
+)
+def test_the_kernel_marks_the_block_for_huge_pages():
+    block = int8_block([(4096, 2048)])  # 8 MB
+    start = block[0].data_ptr()
+    flags, inside = None, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:  # a mapping's first line
+            low, high = (int(x, 16) for x in head.split("-"))
+            inside = low <= start < high
+        elif inside and line.startswith("VmFlags:"):
+            flags = line.split()[1:]
+    assert flags is not None and "hg" in flags  # MADV_HUGEPAGE took
