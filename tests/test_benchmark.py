@@ -289,6 +289,17 @@ def test_shared_weight_bytes_counts_only_tensors_still_in_use():
     assert benchmark.own_tensor_bytes(fast, book) == cache + rope
 
 
+def test_tensor_bytes_count_views_of_one_storage_once():
+    block = torch.zeros(1000, dtype=torch.uint8)
+    m = torch.nn.Module()
+    m.register_buffer("a", block[0:400])
+    m.register_buffer("b", block[300:500])  # overlaps a
+    m.register_buffer("c", block[350:450])  # inside b
+    m.register_buffer("d", block[600:700].view(torch.int16))
+    # 500 bytes of a..c, 100 of d; not the storage's 1000
+    assert benchmark._storages(m) == {block.untyped_storage().data_ptr(): 600}
+
+
 def test_choice_names_the_fastest_and_the_soonest_fast_path():
     def row(mode, rate, cold):
         return {"mode": mode, "tokens_per_sec": rate, "new_tokens": 100,

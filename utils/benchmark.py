@@ -225,13 +225,29 @@ def own_tensor_bytes(model: torch.nn.Module, loaded: torch.nn.Module) -> int:
 
 
 def _storages(m: torch.nn.Module) -> dict[int, int]:
-    """{storage address: bytes} of a module's parameters and buffers."""
-    found = {}
+    """{storage address: bytes its tensors cover} of a module's parameters
+    and buffers. Counts the bytes the tensors view, not the storage's size:
+    the int8 weights are views of one block with some unused padding
+    (utils.fast.quantize.int8_block)."""
+    spans: dict[int, list[tuple[int, int]]] = {}
     for t in [*m.parameters(), *m.buffers()]:
         if t is not None and t.device.type != "meta":
-            st = t.untyped_storage()
-            found[st.data_ptr()] = st.nbytes()
-    return found
+            start = t.data_ptr()
+            end = start + t.numel() * t.element_size()
+            spans.setdefault(t.untyped_storage().data_ptr(), []).append((start, end))
+    return {ptr: _covered(parts) for ptr, parts in spans.items()}
+
+
+def _covered(spans: list[tuple[int, int]]) -> int:
+    """Bytes covered by the union of [start, end) spans."""
+    total, reach = 0, None
+    for start, end in sorted(spans):
+        if reach is not None and start < reach:
+            start = reach
+        if end > start:
+            total += end - start
+            reach = end
+    return total
 
 
 # ---------------------------------------------------------------------------
