@@ -16,6 +16,7 @@ import pytest
 import torch
 from reasoning_from_scratch.ch02 import generate_text_basic_stream_cache as book_gen
 from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, KVCache, Qwen3Model
+from torch.overrides import TorchFunctionMode
 
 import utils.fast.steps as steps_mod
 from tests.tiny import (
@@ -71,6 +72,41 @@ def compare_logits(book, fast, prompt, steps):
 # ---------------------------------------------------------------------------
 # Equality with the book
 # ---------------------------------------------------------------------------
+
+
+class MatmulShapes(TorchFunctionMode):
+    """Records the operand shapes of every `@` / `torch.matmul` call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[tuple[int, ...], ...]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", None) in ("matmul", "__matmul__"):
+            self.shapes.append(tuple(tuple(a.shape) for a in args[:2]))
+        return func(*args, **(kwargs or {}))
+
+
+def test_eager_attention_multiplies_the_books_shapes(fast_tiny):
+    """Eager attention runs the book's matmuls, shape for shape (heads
+    apart, keys and values repeated per head), prefill and decode: oneDNN
+    picks its kernel, and so its order of additions, by the shapes (with
+    AMX, stacking the heads on the token axis changed bf16 bits)."""
+    book, fast = fast_tiny
+    assert TINY["n_heads"] > TINY["n_kv_groups"]  # grouped-query attention
+    fast.setup_cache(1, PROMPT.shape[1] + 2)
+    with torch.inference_mode():
+        with MatmulShapes() as want:
+            cache = KVCache(n_layers=book.cfg["n_layers"])
+            book.reset_kv_cache()
+            out = book(PROMPT, cache=cache)[:, -1]
+            book(out.argmax(-1, keepdim=True), cache=cache)
+        with MatmulShapes() as got:
+            token, _ = prefill(fast, PROMPT)
+            n = PROMPT.shape[1]
+            decode_one_token(fast, token, torch.tensor([n]), n + 1)
+    assert len(want.shapes) == 4 * TINY["n_layers"]
+    assert got.shapes == want.shapes
 
 
 def test_tiny_greedy_200_tokens_and_logits_match_book(fast_tiny):

@@ -164,29 +164,39 @@ class GroupedQueryAttention(nn.Module):
         self.k_cache.index_copy_(2, input_pos, k)
         self.v_cache.index_copy_(2, input_pos, v)
 
-        # Grouped-query attention without copying keys/values: the query heads
-        # that share kv group g (heads g*r .. g*r+r-1, as repeat_interleave in
-        # the book) are stacked along the token axis.
-        # (b, heads, t, d) -> (b, kv_groups, r*t, d)
-        r = self.num_heads // self.num_kv_groups
-        q = q.reshape(b, self.num_kv_groups, r * t, self.head_dim)
         # kv_len (eager only) limits attention to the filled slots; the
         # compiled step always reads the whole static cache, masked
         keys, values = self.k_cache[:, :, :kv_len], self.v_cache[:, :, :kv_len]
         if torch.compiler.is_compiling():
-            # Compiled decode step: one fused attention call (its float32
-            # internals skip the book's bf16 rounding of the scores; measured
-            # faster here than float32 scores + softmax left to inductor)
+            # Compiled decode step: grouped-query attention without copying
+            # keys/values, the query heads that share kv group g (heads
+            # g*r .. g*r+r-1, as repeat_interleave in the book) stacked along
+            # the token axis: (b, heads, t, d) -> (b, kv_groups, r*t, d).
+            # One fused attention call (its float32 internals skip the
+            # book's bf16 rounding of the scores; measured faster here than
+            # float32 scores + softmax left to inductor)
+            r = self.num_heads // self.num_kv_groups
+            q = q.reshape(b, self.num_kv_groups, r * t, self.head_dim)
             ctx = F.scaled_dot_product_attention(q, keys, values, attn_mask=~mask)
         else:
-            # Eager: the book's operations, order and dtypes, so bf16
-            # rounds exactly alike and greedy tokens match the book's
-            scores = q @ keys.transpose(2, 3)  # (b, kv_groups, r*t, kv_len)
-            scores = scores.masked_fill(mask, -torch.inf)
-            weights = torch.softmax(scores / self.head_dim**0.5, dim=-1)
-            ctx = weights @ values  # (b, kv_groups, r*t, d)
+            ctx = self._book_attention(q, keys, values, mask[:t])
         ctx = ctx.view(b, self.num_heads, t, self.head_dim).transpose(1, 2)
         return self.out_proj(ctx.reshape(b, t, self.num_heads * self.head_dim))
+
+    def _book_attention(self, q, keys, values, mask):
+        """Eager attention with the book's operations, shapes, order and
+        dtypes, so bf16 rounds exactly alike and greedy tokens match the
+        book's: q (b, heads, t, d), keys and values repeated per query head
+        as the book does.
+        Stacking the heads on the token axis instead gives other matmul
+        shapes, which oneDNN may add in another order (seen with AMX)."""
+        r = self.num_heads // self.num_kv_groups
+        keys = keys.repeat_interleave(r, dim=1)  # (b, heads, kv_len, d)
+        values = values.repeat_interleave(r, dim=1)
+        scores = q @ keys.transpose(2, 3)  # (b, heads, t, kv_len)
+        scores = scores.masked_fill(mask, -torch.inf)
+        weights = torch.softmax(scores / self.head_dim**0.5, dim=-1)
+        return weights @ values  # (b, heads, t, d)
 
 
 class TransformerBlock(nn.Module):
