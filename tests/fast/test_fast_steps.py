@@ -88,10 +88,10 @@ class MatmulShapes(TorchFunctionMode):
 
 
 def test_eager_attention_multiplies_the_books_shapes(fast_tiny):
-    """Eager attention runs the book's matmuls, shape for shape (heads
-    apart, keys and values repeated per head), prefill and decode: oneDNN
-    picks its kernel, and so its order of additions, by the shapes (with
-    AMX, stacking the heads on the token axis changed bf16 bits)."""
+    """Eager attention runs the book's matmuls, shape for shape (one per
+    query head, keys and values repeated per head), prefill and decode:
+    oneDNN picks its kernel, and so its order of additions, by the shapes
+    (with AMX, stacking the heads on the token axis changed bf16 bits)."""
     book, fast = fast_tiny
     assert TINY["n_heads"] > TINY["n_kv_groups"]  # grouped-query attention
     fast.setup_cache(1, PROMPT.shape[1] + 2)
