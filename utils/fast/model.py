@@ -397,7 +397,8 @@ class StaticQwen3(nn.Module):
         x = self.tok_emb(idx)  # (b, t, emb_dim)
         cos, sin = self.cos[input_pos], self.sin[input_pos]  # (t, head_dim)
         # True where query i must NOT see key j (j > its position), repeated
-        # for the r query heads stacked per kv group: (r*t, cache_len)
+        # for the r query heads the compiled step stacks per kv group:
+        # (r*t, cache_len); eager attention uses the first t rows
         r = self.cfg["n_heads"] // self.cfg["n_kv_groups"]
         positions = self.positions[:kv_len]
         mask = (positions[None, :] > input_pos[:, None]).repeat(r, 1)
