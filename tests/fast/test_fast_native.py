@@ -356,3 +356,37 @@ def test_a_library_with_another_table_layout_is_refused(monkeypatch, capsys):
     assert "another decode-step table layout" in unsupported_reason(model)
     assert not model.use_native_step() and not model.decode_native()
     assert "native decode step off" in capsys.readouterr().out
+
+
+WIDE_STEP = """
+import torch
+from tests.tiny import tiny_config, tiny_state_dict
+from utils.fast import FastQwen3, decode_one_token, prefill
+cfg = tiny_config(emb_dim=512, dtype=torch.bfloat16)  # E > 2 * hidden, > q+k+v
+sd = tiny_state_dict(5, cfg)
+out = []
+for native in (False, True):
+    model = FastQwen3.from_state_dict(cfg, sd)
+    assert model.use_native_step(native) == native
+    model.setup_cache(1, 16)
+    with torch.inference_mode():
+        tok, _ = prefill(model, torch.tensor([[1, 2, 3]]))
+        logits = [decode_one_token(model, tok, torch.tensor([3]))[1]]
+    out.append(logits[0].float())
+print(float((out[0] - out[1]).abs().max() / out[0].abs().max()))
+"""
+
+
+def test_a_model_wider_than_its_products_outputs_steps_in_bounds():
+    """The step's scratch for product outputs holds the embedding width too
+    (a model whose emb_dim exceeds 2 x hidden_dim and q+k+v once wrote past
+    it, and the process aborted); run apart, so a crash is a failure."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", WIDE_STEP], capture_output=True, text=True,
+        timeout=300, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert float(proc.stdout.split()[-1]) < 0.03

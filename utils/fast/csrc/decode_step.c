@@ -103,8 +103,8 @@ static long k_max(const step_dims *d) {
 }
 
 static long y_max(const step_dims *d) {
-    const long QKV = (d->H + 2 * d->G) * d->D;
-    return QKV > 2 * d->F ? QKV : 2 * d->F;
+    const long QKV = (d->H + 2 * d->G) * d->D, most = QKV > 2 * d->F ? QKV : 2 * d->F;
+    return most > d->E ? most : d->E; /* W_O and W_3 write E */
 }
 
 /* Allocates b's buffers (b->mc's variants set by the caller); returns the
