@@ -12,6 +12,7 @@ import torch
 from reasoning_from_scratch.qwen3 import KVCache
 
 import utils.fast
+import utils.fast.hugepages as hugepages
 import utils.fast.quantize as quantize_module
 from tests.tiny import PROMPT, tiny_config, tiny_state_dict, tokens
 from utils.fast import FastQwen3, decode_one_token, generate, prefill
@@ -163,12 +164,12 @@ def test_int8_weights_are_quantized_into_one_block_in_model_order():
 
 def test_int8_block_advises_only_whole_aligned_2mb_pages(monkeypatch):
     calls = []
-    monkeypatch.setattr(quantize_module, "_madvise", lambda *a: calls.append(a))
+    monkeypatch.setattr(hugepages, "madvise", lambda *a: calls.append(a))
     shapes = [(1024, 3000), (3, 5), (2048, 1024)]  # 5.2 MB
     block = int8_block(shapes)
     assert [tuple(t.shape) for t in block] == shapes
     start = block[0].data_ptr()
-    assert calls == [(start, 2 * HUGE, quantize_module._MADV_HUGEPAGE)]
+    assert calls == [(start, 2 * HUGE, hugepages.MADV_HUGEPAGE)]
     assert start % HUGE == 0 and block[2].data_ptr() + block[2].numel() > (
         start + 2 * HUGE
     )  # the partial last 2 MB stays on 4 KB pages (no memory added)
@@ -190,9 +191,9 @@ def test_madvise_is_not_called_off_linux(monkeypatch):
     def no_libc(*args, **kwargs):
         raise AssertionError("libc opened off Linux")
 
-    monkeypatch.setattr(quantize_module.sys, "platform", "darwin")
-    monkeypatch.setattr(quantize_module.ctypes, "CDLL", no_libc)
-    quantize_module._madvise(HUGE, HUGE, quantize_module._MADV_HUGEPAGE)
+    monkeypatch.setattr(hugepages.sys, "platform", "darwin")
+    monkeypatch.setattr(hugepages.ctypes, "CDLL", no_libc)
+    hugepages.madvise(HUGE, HUGE, hugepages.MADV_HUGEPAGE)
     assert len(int8_block([(2048, 2048)])) == 1
 
 

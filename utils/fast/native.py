@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from utils.fast.hugepages import move_weights_to_huge_pages
 from utils.fast.kernels import get_kernels
 from utils.fast.model import greedy_step
 from utils.fast.tuner import Choice, choose_variants
@@ -135,7 +136,10 @@ class NativeStep:
     `variants` forces kernel variants as $QWEN3_KERNEL_VARIANTS does
     ("default", or names); None: that variable, else the tuner's choice.
     It reads the weights the model had when it was made (and keeps them
-    alive); a FastQwen3 renews or drops it when its weights are replaced."""
+    alive); a FastQwen3 renews or drops it when its weights are replaced.
+    Where Linux has transparent huge pages, the bf16 weights it streams are
+    first moved onto 2 MB pages, in place (same Parameters, same values:
+    `utils.fast.hugepages`)."""
 
     kind = "native"
 
@@ -145,6 +149,7 @@ class NativeStep:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"native decode step unavailable: {reason}")
+        move_weights_to_huge_pages(model)
         self.exact = exact
         self.forced = variants
         self._kernels = get_kernels()

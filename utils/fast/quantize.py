@@ -19,13 +19,13 @@ How close the result stays to bf16 is measured by
 
 from __future__ import annotations
 
-import ctypes
 import sys
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from utils.fast.hugepages import huge_page_empty, page_out
 from utils.fast.kernels import int8_linear, supports
 
 __all__ = [
@@ -123,34 +123,6 @@ class Int8Embedding(nn.Module):
         return (rows * self.scales[idx].unsqueeze(-1)).to(self.dtype)
 
 
-_HUGE_PAGE = 2 << 20  # a transparent huge page on x86-64 (and 4 KB arm64)
-_MADV_HUGEPAGE, _MADV_PAGEOUT = 14, 21
-
-
-def _madvise(start: int, length: int, advice: int) -> None:
-    """madvise(2) on Linux, a hint that never changes contents; a no-op
-    elsewhere or where the kernel refuses it."""
-    if not sys.platform.startswith("linux") or length <= 0:
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), advice)
-    except (OSError, AttributeError):
-        pass
-
-
-def _page_out(t: torch.Tensor) -> None:
-    """Ask Linux to drop `t`'s pages from this process (MADV_PAGEOUT). Frees
-    the resident pages of weights memory-mapped from a checkpoint once they
-    are quantized."""
-    if t.device.type != "cpu":
-        return
-    page, storage = 4096, t.untyped_storage()
-    start = storage.data_ptr() // page * page
-    end = storage.data_ptr() + storage.nbytes()
-    _madvise(start, end - start, _MADV_PAGEOUT)
-
-
 def int8_block(shapes: list[tuple[int, int]]) -> list[torch.Tensor]:
     """Empty int8 CPU tensors of `shapes`, back to back (64-byte aligned) in
     one allocation that starts on a 2 MB boundary; its whole 2 MB pages are
@@ -165,11 +137,7 @@ def int8_block(shapes: list[tuple[int, int]]) -> list[torch.Tensor]:
     for rows, cols in shapes:
         offsets.append(total)
         total += (rows * cols + 63) // 64 * 64
-    memory = torch.empty(total + _HUGE_PAGE, dtype=torch.uint8)
-    lead = -memory.data_ptr() % _HUGE_PAGE
-    block = memory[lead : lead + total].view(torch.int8)
-    whole = total // _HUGE_PAGE * _HUGE_PAGE
-    _madvise(block.data_ptr(), whole, _MADV_HUGEPAGE)
+    block = huge_page_empty(total).view(torch.int8)
     return [
         block[start : start + rows * cols].view(rows, cols)
         for start, (rows, cols) in zip(offsets, shapes, strict=True)
@@ -247,4 +215,4 @@ def _release(module: nn.Module) -> None:
     weight = module.weight
     module.weight = None
     if weight is not None and sys.getrefcount(weight) <= 2:  # only `weight`
-        _page_out(weight)
+        page_out(weight)
