@@ -79,19 +79,23 @@ def test_huge_pages_are_off_off_linux_and_when_set_to_never(monkeypatch, tmp_pat
     assert not hugepages.huge_pages_enabled()
 
 
-def test_weights_mapped_from_a_checkpoint_are_paged_out(advice, tmp_path):
+def test_weights_mapped_from_a_checkpoint_are_paged_out_as_copied(
+    advice, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(hugepages, "COPY_CHUNK", 1 << 20)  # 512 rows a chunk
     path = tmp_path / "w.pth"
-    torch.save({"w": torch.randn(1024, 1024).to(torch.bfloat16)}, path)
+    torch.save({"w": torch.randn(2048, 1024).to(torch.bfloat16)}, path)
     mapped = torch.load(path, weights_only=True, mmap=True)["w"]
-    linear = torch.nn.Linear(1024, 1024, bias=False, dtype=torch.bfloat16)
+    linear = torch.nn.Linear(1024, 2048, bias=False, dtype=torch.bfloat16)
     linear.weight = torch.nn.Parameter(mapped, requires_grad=False)
-    old = mapped.untyped_storage()
     hugepages.move_weights_to_huge_pages(linear)
     assert torch.equal(linear.weight, mapped)
-    pageouts = [a for a in advice if a[2] == hugepages.MADV_PAGEOUT]
-    assert len(pageouts) == 1
-    start, length, _ = pageouts[0]
-    assert start <= old.data_ptr() < old.data_ptr() + old.nbytes() <= start + length
+    spans = [a[:2] for a in advice if a[2] == hugepages.MADV_PAGEOUT]
+    assert len(spans) == 4  # one per 1 MB chunk, in order, covering it all
+    start, end = mapped.data_ptr(), mapped.data_ptr() + 2 * HUGE  # 4 MB
+    assert spans[0][0] <= start and spans[-1][0] + spans[-1][1] >= end
+    for (a, n), (b, _) in zip(spans, spans[1:], strict=False):
+        assert a < b <= a + n
 
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")

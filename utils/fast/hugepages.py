@@ -96,14 +96,36 @@ def _in(spans: list[tuple[int, int]], address: int) -> bool:
     return i >= 0 and spans[i][0] <= address < spans[i][1]
 
 
+COPY_CHUNK = 32 << 20  # bytes copied before the source's pages are dropped
+
+
+def _copy(new: torch.Tensor, old: torch.Tensor, mapped: bool) -> None:
+    """new[:] = old; a file-mapped old is copied in chunks of rows, each
+    chunk's pages dropped after it, so both are never resident whole."""
+    if not mapped or not old.is_contiguous():
+        new.copy_(old)
+        if mapped:
+            page_out(old)
+        return
+    rows = max(1, COPY_CHUNK // max(1, old[0].numel() * old.element_size()))
+    page = 4096
+    for r in range(0, old.shape[0], rows):
+        part = old[r : r + rows]
+        new[r : r + rows].copy_(part)
+        start = part.data_ptr() // page * page
+        end = part.data_ptr() + part.numel() * part.element_size()
+        madvise(start, end - start, MADV_PAGEOUT)
+
+
 def move_weights_to_huge_pages(model: nn.Module) -> int:
     """Give each CPU `nn.Linear` weight of `model` of at least 2 MB memory
     of its own on huge pages (`huge_page_empty`), in place: the same
     Parameter, the same values, so a model sharing it (the book's, or a
     tied embedding) reads the new memory too. The old memory is freed when
     nothing else holds it; pages memory-mapped from a checkpoint file are
-    paged out. Weights already starting on a 2 MB boundary stay. Returns
-    the bytes moved (0 where huge pages are off)."""
+    paged out as they are copied (32 MB at a time). Weights already
+    starting on a 2 MB boundary stay. Returns the bytes moved (0 where huge
+    pages are off)."""
     if not huge_pages_enabled():
         return 0
     files, moved, seen = _file_mappings(), 0, set()
@@ -122,10 +144,7 @@ def move_weights_to_huge_pages(model: nn.Module) -> int:
                     or weight.data_ptr() % HUGE_PAGE == 0):  # fmt: skip
                 continue
             new = huge_page_empty(nbytes).view(weight.dtype).view(weight.shape)
-            new.copy_(weight)
-            old = weight.data
+            _copy(new, weight.data, _in(files, weight.data_ptr()))
             weight.data = new
-            if _in(files, old.data_ptr()):
-                page_out(old)
             moved += nbytes
     return moved
