@@ -60,6 +60,15 @@ def test_large_weights_move_in_place_onto_advised_2mb_pages(advice):
     assert advice == []
 
 
+def test_weights_moved_in_inference_mode_stay_normal_tensors(advice):
+    model = linears()
+    with torch.inference_mode():
+        assert hugepages.move_weights_to_huge_pages(model) > 0
+    assert not model[0].weight.is_inference()
+    model[0](torch.ones(1, 1024, dtype=torch.bfloat16)).sum().backward()
+    assert model[0].weight.grad is not None  # usable outside inference mode
+
+
 def test_nothing_moves_where_huge_pages_are_off(monkeypatch):
     monkeypatch.setattr(hugepages, "huge_pages_enabled", lambda: False)
     model = linears()

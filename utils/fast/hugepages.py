@@ -129,7 +129,9 @@ def move_weights_to_huge_pages(model: nn.Module) -> int:
     if not huge_pages_enabled():
         return 0
     files, moved, seen = _file_mappings(), 0, set()
-    with torch.no_grad():
+    # normal tensors even when called in inference mode: the Parameters
+    # stay usable outside it
+    with torch.inference_mode(False), torch.no_grad():
         for module in model.modules():
             weight = getattr(module, "weight", None)
             if (
