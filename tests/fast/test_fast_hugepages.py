@@ -4,13 +4,12 @@ old memory is paged out only where it is a checkpoint's file mapping."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 import utils.fast.build as build
 import utils.fast.hugepages as hugepages
+from tests.memory_maps import vm_flags
 from tests.tiny import tiny_config, tiny_state_dict
 from utils.fast import FastQwen3, decode_one_token, prefill
 from utils.models import load_book_model
@@ -107,9 +106,6 @@ def test_weights_mapped_from_a_checkpoint_are_paged_out_as_copied(
         assert a < b <= a + n
 
 
-THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-
-
 @pytest.mark.skipif(
     not hugepages.huge_pages_enabled(),
     reason="no transparent huge pages on this machine (Linux only)",
@@ -117,16 +113,7 @@ THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 def test_the_kernel_marks_moved_weights_for_huge_pages():
     model = linears()
     hugepages.move_weights_to_huge_pages(model)
-    start = model[3].weight.data_ptr()
-    flags, inside = None, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and ":" not in head:  # a mapping's first line
-            low, high = (int(x, 16) for x in head.split("-"))
-            inside = low <= start < high
-        elif inside and line.startswith("VmFlags:"):
-            flags = line.split()[1:]
-            break
+    flags = vm_flags(model[3].weight.data_ptr())
     assert flags is not None and "hg" in flags, flags
 
 

@@ -14,6 +14,7 @@ from reasoning_from_scratch.qwen3 import KVCache
 import utils.fast
 import utils.fast.hugepages as hugepages
 import utils.fast.quantize as quantize_module
+from tests.memory_maps import vm_flags
 from tests.tiny import PROMPT, tiny_config, tiny_state_dict, tokens
 from utils.fast import FastQwen3, decode_one_token, generate, prefill
 from utils.fast.quantize import (
@@ -206,13 +207,5 @@ THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 )
 def test_the_kernel_marks_the_block_for_huge_pages():
     block = int8_block([(4096, 2048)])  # 8 MB
-    start = block[0].data_ptr()
-    flags, inside = None, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and ":" not in head:  # a mapping's first line
-            low, high = (int(x, 16) for x in head.split("-"))
-            inside = low <= start < high
-        elif inside and line.startswith("VmFlags:"):
-            flags = line.split()[1:]
+    flags = vm_flags(block[0].data_ptr())
     assert flags is not None and "hg" in flags  # MADV_HUGEPAGE took
