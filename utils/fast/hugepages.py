@@ -1,15 +1,14 @@
 """Weights on 2 MB pages (Linux transparent huge pages) for the native step.
 
 Why: a decode step streams every weight once per token, and on some CPUs
-the weights stream much faster from 2 MB pages than from 4 KB ones (on a
-2-core Zen 5 VM the bf16 step read at 0.90 of `torch.sum` from 2 MB pages
-against 0.75 from 4 KB ones; ch02/03_fast-decoding/README.md, "Weights on
-2 MB pages"). PyTorch and the checkpoint's memory map hand out 4 KB pages,
-so the weights a step reads are given memory of their own that starts on a
-2 MB boundary and is advised as huge pages (`madvise(MADV_HUGEPAGE)`)
-before anything is written to it. Off Linux, or where the kernel has huge
-pages set to `never`, nothing is moved. Advice never changes contents.
-"""
+the weights stream much faster from 2 MB pages than from 4 KB ones (the
+measurements: ch02/03_fast-decoding/README.md, "int8 weights on 2 MB pages"
+and "bf16 weights on 2 MB pages (Zen 5)"). PyTorch and the checkpoint's
+memory map hand out 4 KB pages, so the weights a step reads are given
+memory of their own that starts on a 2 MB boundary and is advised as huge
+pages (`madvise(MADV_HUGEPAGE)`) before anything is written to it. Off
+Linux, or where the kernel has huge pages set to `never`, nothing is moved.
+Advice never changes contents."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ import torch.nn as nn
 
 __all__ = ["huge_pages_enabled", "huge_page_empty", "move_weights_to_huge_pages"]
 
-HUGE_PAGE = 2 << 20  # a transparent huge page on x86-64 (and 4 KB arm64)
+HUGE_PAGE = 2 << 20  # a transparent huge page (x86-64; arm64 with 4 KB pages)
 MADV_HUGEPAGE, MADV_PAGEOUT = 14, 21
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
