@@ -58,10 +58,14 @@ def page_out(t: torch.Tensor) -> None:
     resident set and are read again from the file if ever used."""
     if t.device.type != "cpu":
         return
-    page, storage = 4096, t.untyped_storage()
-    start = storage.data_ptr() // page * page
-    end = storage.data_ptr() + storage.nbytes()
-    madvise(start, end - start, MADV_PAGEOUT)
+    storage = t.untyped_storage()
+    _page_out_bytes(storage.data_ptr(), storage.nbytes())
+
+
+def _page_out_bytes(address: int, nbytes: int) -> None:
+    """MADV_PAGEOUT on the 4 KB pages holding [address, address + nbytes)."""
+    start = address // 4096 * 4096
+    madvise(start, address + nbytes - start, MADV_PAGEOUT)
 
 
 def huge_page_empty(nbytes: int) -> torch.Tensor:
@@ -107,13 +111,10 @@ def _copy(new: torch.Tensor, old: torch.Tensor, mapped: bool) -> None:
             page_out(old)
         return
     rows = max(1, COPY_CHUNK // max(1, old[0].numel() * old.element_size()))
-    page = 4096
     for r in range(0, old.shape[0], rows):
         part = old[r : r + rows]
         new[r : r + rows].copy_(part)
-        start = part.data_ptr() // page * page
-        end = part.data_ptr() + part.numel() * part.element_size()
-        madvise(start, end - start, MADV_PAGEOUT)
+        _page_out_bytes(part.data_ptr(), part.numel() * part.element_size())
 
 
 def move_weights_to_huge_pages(model: nn.Module) -> int:
