@@ -390,3 +390,44 @@ def test_a_model_wider_than_its_products_outputs_steps_in_bounds():
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert float(proc.stdout.split()[-1]) < 0.03
+
+
+# Every product of this model is big enough to be shared by two threads
+# (the tiny model's run on one), and its attention is shared from 16 slots
+SPLIT = tiny_config(
+    emb_dim=256, hidden_dim=512, head_dim=64, context_length=64,
+    dtype=torch.bfloat16,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+def test_the_steps_team_gives_one_threads_bits_with_a_late_thread(int8):
+    """The whole step is one parallel region: the products, the kv groups
+    and the SwiGLU are shared out, the rest done by every thread. With one
+    thread, two, and two of which the second reaches every product 2 ms
+    late (its passes then taken from the back by the first), the logits
+    and the next token are the same bits."""
+    model = native(tiny_state_dict(14, SPLIT), SPLIT)
+    if int8:
+        model = quantize_int8(model)
+        assert model.use_native_step() and model.decode_native()
+    lib = get_kernels().lib
+    threads = torch.get_num_threads()
+    runs, stolen = [], []
+    try:
+        for n, late_us in ((1, 0), (2, 0), (2, 2000)):
+            torch.set_num_threads(n)
+            model.setup_cache(1, 40)
+            prefill(model, torch.arange(1, 31).view(1, -1))
+            lib.qwen3_stolen_passes(late_us)
+            with torch.inference_mode():
+                nxt, logits = decode_one_token(model, PROMPT[:, :1], torch.tensor([30]))
+            stolen.append(lib.qwen3_stolen_passes(0))
+            runs.append((int(nxt[0, 0]), logits.view(torch.int16)))
+    finally:
+        torch.set_num_threads(threads)
+        lib.qwen3_stolen_passes(0)
+    assert runs[1][0] == runs[0][0] == runs[2][0]
+    assert torch.equal(runs[1][1], runs[0][1])
+    assert torch.equal(runs[2][1], runs[0][1])
+    assert stolen[0] == 0 and stolen[2] > 0

@@ -9,7 +9,16 @@
    kernel variants the caller names (variants.c; chosen by
    utils/fast/tuner.py). Built with -ffp-contract=off: a*b + c*d is two
    rounded products and a rounded sum, as in torch. The pointer table's
-   layout is in step_layout.h. */
+   layout is in step_layout.h.
+
+   The whole step is one parallel region: a fork and join of the threads
+   cost about 1.4 us, a barrier about 0.3-0.6 (a lab loop on a 2-core
+   VM), and a step has 141 regions' worth of products and attention. The
+   vector work between the products (norms, residual adds, SwiGLU, the
+   rounding of x) is short, so every thread does all of it on its own
+   copy of the residual stream, the same operations on the same values
+   and so the same bits; only the products and the attention's kv groups
+   are shared out, each followed by a barrier. */
 
 #include <stdlib.h>
 
@@ -17,32 +26,38 @@
 #include "step_layout.h"
 #include "step_ops.h"
 
+#ifdef _OPENMP
+int omp_get_thread_num(void); /* from omp.h */
+int omp_get_num_threads(void);
+#endif
+
 typedef struct {
     const kernel_variant *bf16, *int8; /* the variants the products run */
-    int threads;
-    float *xbuf; /* x prepared for the bf16 variant, or int16 x (int8) */
+    team tm;     /* this thread of the step's team */
+    float *xbuf; /* this thread's x prepared for the bf16 variant, or int16
+                    x (int8) */
 } mv_ctx;
 
 /* y (bf16, sum n) = stacked weights @ x (float32, k): bf16 weights when
    s is NULL, else int8 weights times their row scales s[i]. */
-static void mv(const mv_ctx *c, const float *x, long k, int count,
+static void mv(mv_ctx *c, const float *x, long k, int count,
                const void *const *w, const float *const *s, const long *n,
                uint16_t *y) {
     const group g = {count, w, s, n};
     const kernel_variant *v = variant_fitting(s ? c->int8 : c->bf16, k);
     if (s) {
-        int8_group(x, &g, y, 0, k, c->threads, (int16_t *)c->xbuf, &v->rows);
+        team_int8_group(x, &g, y, 0, k, (int16_t *)c->xbuf, &v->rows, &c->tm);
         return;
     }
     if (v->prep) {
         v->prep(x, k, c->xbuf);
         x = c->xbuf;
     }
-    run(&v->rows, x, &g, y, 0, k, c->threads);
+    team_product(&v->rows, x, &g, y, 0, k, &c->tm);
 }
 
 /* y = w @ x for one matrix (s: its int8 scales, NULL for bf16) */
-static void mv1(const mv_ctx *c, const float *x, long k, const void *w,
+static void mv1(mv_ctx *c, const float *x, long k, const void *w,
                 const float *s, long n, uint16_t *y) {
     const void *ws[1] = {w};
     const float *ss[1] = {s};
@@ -87,14 +102,25 @@ static int read_variants(const int *variants, mv_ctx *c) {
     return c->bf16->cls == CLASS_INT8;
 }
 
-/* The step's scratch memory (one allocation) and this position's RoPE rows */
+/* The memory the team shares (one allocation with every thread's lane)
+   and this position's RoPE rows. Each product writes the y the one before
+   it did not, so a thread still reading a product's result is never
+   overwritten by a faster one already at the next product. */
 typedef struct {
-    float *x, *hin, *qf, *ctx, *scratch, *att; /* float32 */
-    uint16_t *y;                           /* bf16 results of mv */
-    mv_ctx mc;
+    float *qf, *ctx, *scratch, *att, *act; /* float32 */
+    uint16_t *y[2];                  /* bf16 results of mv */
+    passes_left *left;               /* the team's words (see team) */
+    float *lanes;                    /* every thread's lane */
     const float *cos, *sin;
     long pos;
 } step_buf;
+
+/* One thread's own memory: the residual stream x, a norm's output hin,
+   and its mv context */
+typedef struct {
+    float *x, *hin;
+    mv_ctx mc;
+} lane;
 
 /* The longest input and output of the step's products */
 static long k_max(const step_dims *d) {
@@ -107,26 +133,50 @@ static long y_max(const step_dims *d) {
     return most > d->E ? most : d->E; /* W_O and W_3 write E */
 }
 
-/* Allocates b's buffers (b->mc's variants set by the caller); returns the
-   block to free (NULL: out of memory) */
+/* The floats of one lane: x, hin and xbuf */
+static long lane_floats(const step_dims *d) { return d->E + 2 * k_max(d) + 16; }
+
+/* Allocates b's buffers for up to `threads` lanes; returns the block to
+   free (NULL: out of memory; then nothing is left allocated) */
 static float *alloc_buf(const step_dims *d, const void *const *p, long pos,
                         int threads, step_buf *b) {
-    const long E = d->E, H = d->H, D = d->D, K_MAX = k_max(d);
-    const size_t floats = (size_t)(E + K_MAX + 2 * H * D + K_MAX + 16
-                                   + 2 * d->G * D + H * (pos + 1));
-    float *mem = malloc(floats * 4 + (size_t)y_max(d) * 2);
-    if (!mem) return NULL;
-    b->x = mem, b->hin = b->x + E, b->qf = b->hin + K_MAX;
-    b->ctx = b->qf + H * D;
-    float *xbuf = b->ctx + H * D;
-    b->scratch = xbuf + K_MAX + 16; /* 2 * D per kv group */
+    const long H = d->H, D = d->D, Y = y_max(d);
+    const size_t floats = (size_t)(2 * H * D + 2 * d->G * D + H * (pos + 1)
+                                   + d->F + threads * lane_floats(d) + Y);
+    float *mem = malloc(floats * 4);
+    b->left = team_words(threads * TEAM_COUNT + 2, 1); /* sync first */
+    if (!mem || !b->left) {
+        free(mem), free(b->left);
+        return NULL;
+    }
+    memset(b->left, 0, sizeof(passes_left) * (size_t)(threads * TEAM_COUNT + 2));
+    b->qf = mem, b->ctx = b->qf + H * D;
+    b->scratch = b->ctx + H * D; /* 2 * D per kv group */
     b->att = b->scratch + 2 * d->G * D;
-    b->y = (uint16_t *)(b->att + H * (pos + 1));
-    b->mc.threads = threads, b->mc.xbuf = xbuf;
+    b->act = b->att + H * (pos + 1);
+    b->lanes = b->act + d->F;
+    b->y[0] = (uint16_t *)(b->lanes + threads * lane_floats(d));
+    b->y[1] = b->y[0] + Y;
     b->cos = (const float *)p[G_COS] + pos * D;
     b->sin = (const float *)p[G_SIN] + pos * D;
     b->pos = pos;
     return mem;
+}
+
+/* The calling thread's lane of b, its variants those of c */
+static lane lane_of(const step_dims *d, const step_buf *b, const mv_ctx *c) {
+    lane ln;
+    ln.mc = *c;
+#ifdef _OPENMP
+    ln.mc.tm.t = omp_get_thread_num(), ln.mc.tm.nt = omp_get_num_threads();
+#else
+    ln.mc.tm.t = 0, ln.mc.tm.nt = 1;
+#endif
+    ln.mc.tm.sync = b->left, ln.mc.tm.left = b->left + 2, ln.mc.tm.seq = 0;
+    ln.x = b->lanes + ln.mc.tm.t * lane_floats(d);
+    ln.hin = ln.x + d->E;
+    ln.mc.xbuf = ln.hin + k_max(d);
+    return ln;
 }
 
 /* x = the token's embedding row (an int8 table: the row times its scale) */
@@ -145,7 +195,7 @@ static void embed(const step_dims *d, const void *const *p, long token,
 
 /* The grouped products of layer q (the q/k/v and the gate/up weights
    share an input); the step and qwen3_step_products both call these */
-static void mv_qkv(const step_dims *d, const void *const *q, const mv_ctx *c,
+static void mv_qkv(const step_dims *d, const void *const *q, mv_ctx *c,
                    const float *x, uint16_t *y) {
     const void *w[3] = {q[L_WQ], q[L_WK], q[L_WV]};
     const float *s[3] = {q[L_SQ], q[L_SK], q[L_SV]};
@@ -154,7 +204,7 @@ static void mv_qkv(const step_dims *d, const void *const *q, const mv_ctx *c,
 }
 
 static void mv_gate_up(const step_dims *d, const void *const *q,
-                       const mv_ctx *c, const float *x, uint16_t *y) {
+                       mv_ctx *c, const float *x, uint16_t *y) {
     const void *w[2] = {q[L_W1], q[L_W2]};
     const float *s[2] = {q[L_S1], q[L_S2]};
     const long n[2] = {d->F, d->F};
@@ -165,54 +215,96 @@ static void mv_gate_up(const step_dims *d, const void *const *q,
    rotated, its new key (normed, rotated) and value written into the
    caches, then its attention over the len filled slots */
 static void attend_kv_group(const step_dims *d, const void *const *q,
-                            step_buf *b, long g, long len) {
+                            const step_buf *b, const uint16_t *y, long g,
+                            long len) {
     const long H = d->H, G = d->G, D = d->D, C = d->C, r = H / G;
     float *t = b->scratch + g * 2 * D, *key = t + D;
     for (long h = g * r; h < (g + 1) * r; ++h)
-        norm_rope(b->y + h * D, D, q[L_QNORM], d->eps, b->cos, b->sin, t,
+        norm_rope(y + h * D, D, q[L_QNORM], d->eps, b->cos, b->sin, t,
                   b->qf + h * D);
-    norm_rope(b->y + (H + g) * D, D, q[L_KNORM], d->eps, b->cos, b->sin, t,
-              key);
+    norm_rope(y + (H + g) * D, D, q[L_KNORM], d->eps, b->cos, b->sin, t, key);
     uint16_t *kc = (uint16_t *)q[L_KC] + g * C * D;
     uint16_t *vc = (uint16_t *)q[L_VC] + g * C * D;
     for (long i = 0; i < D; ++i) kc[b->pos * D + i] = to_bf16(key[i]);
-    memcpy(vc + b->pos * D, b->y + (H + G + g) * D, (size_t)D * 2);
+    memcpy(vc + b->pos * D, y + (H + G + g) * D, (size_t)D * 2);
     attend_group(b->qf + g * r * D, kc, vc, len, D, r, b->att + g * r * len,
                  b->ctx + g * r * D);
 }
 
 /* x += attention(norm1(x)) for layer q, its key and value written into
-   the caches at b->pos; the kv groups (their RoPE too) split over the
-   threads */
+   the caches at b->pos; the kv groups (their RoPE too) shared out among
+   the team from two slots on (at position 20 one core took about 24 us
+   per layer for the 8 groups, two about half that) */
 static void attention(const step_dims *d, const void *const *q,
-                      step_buf *b) {
+                      const step_buf *b, lane *ln) {
     const long E = d->E, H = d->H, G = d->G, D = d->D, len = b->pos + 1;
-    rmsnorm(b->x, E, q[L_NORM1], d->eps, b->hin);
-    mv_qkv(d, q, &b->mc, b->hin, b->y);
-    const int threads = b->mc.threads;
-    /* split from two slots on: at position 20 one core took about 24 us
-       per layer for the 8 groups, two about half that (a parallel region
-       costs under a microsecond) */
-#ifdef _OPENMP
-    #pragma omp parallel for num_threads(threads) schedule(static) \
-        if (threads > 1 && len * H * D >= (1L << 12))
-#else
-    (void)threads;
-#endif
-    for (long g = 0; g < G; ++g) attend_kv_group(d, q, b, g, len);
-    mv1(&b->mc, b->ctx, H * D, q[L_WO], q[L_SO], E, b->y);
-    add_residual(b->x, b->y, E);
+    rmsnorm(ln->x, E, q[L_NORM1], d->eps, ln->hin);
+    mv_qkv(d, q, &ln->mc, ln->hin, b->y[0]);
+    const long t = ln->mc.tm.t, nt = ln->mc.tm.nt;
+    const int shared = nt > 1 && len * H * D >= (1L << 12);
+    const long g0 = shared ? G * t / nt : (t ? G : 0);
+    const long g1 = shared ? G * (t + 1) / nt : G;
+    team_stall(&ln->mc.tm);
+    for (long g = g0; g < g1; ++g) attend_kv_group(d, q, b, b->y[0], g, len);
+    team_barrier();
+    mv1(&ln->mc, b->ctx, H * D, q[L_WO], q[L_SO], E, b->y[1]);
+    add_residual(ln->x, b->y[1], E);
 }
 
-/* x += SwiGLU feed-forward(norm2(x)) for layer q */
+/* x += SwiGLU feed-forward(norm2(x)) for layer q; the SwiGLU shared out
+   in blocks of 8 (3072 values took about 3.3 us on one core) */
 static void feed_forward(const step_dims *d, const void *const *q,
-                         step_buf *b) {
-    const long E = d->E, F = d->F;
-    rmsnorm(b->x, E, q[L_NORM2], d->eps, b->hin);
-    mv_gate_up(d, q, &b->mc, b->hin, b->y);
-    swiglu(b->y, b->y + F, F, b->hin);
-    mv1(&b->mc, b->hin, F, q[L_W3], q[L_S3], E, b->y);
-    add_residual(b->x, b->y, E);
+                         const step_buf *b, lane *ln) {
+    const long E = d->E, F = d->F, t = ln->mc.tm.t, nt = ln->mc.tm.nt;
+    rmsnorm(ln->x, E, q[L_NORM2], d->eps, ln->hin);
+    mv_gate_up(d, q, &ln->mc, ln->hin, b->y[0]);
+    team_stall(&ln->mc.tm);
+    swiglu(b->y[0], b->y[0] + F, F / 8 * t / nt * 8, F / 8 * (t + 1) / nt * 8,
+           b->act);
+    team_barrier();
+    mv1(&ln->mc, b->act, F, q[L_W3], q[L_S3], E, b->y[1]);
+    add_residual(ln->x, b->y[1], E);
+}
+
+/* One thread's part of the step, from the embedding to the logits */
+static void step_thread(const step_dims *d, const void *const *p,
+                        long token, const step_buf *b, const mv_ctx *c,
+                        uint16_t *logits) {
+    lane ln = lane_of(d, b, c);
+    embed(d, p, token, ln.x);
+    for (long l = 0; l < d->L; ++l) {
+        const void *const *q = p + G_COUNT + l * L_COUNT;
+        attention(d, q, b, &ln);
+        feed_forward(d, q, b, &ln);
+    }
+    rmsnorm(ln.x, d->E, p[G_FINAL_NORM], d->eps, ln.hin);
+    mv1(&ln.mc, ln.hin, d->E, p[G_HEAD], p[G_HEAD_SCALE], d->V, logits);
+}
+
+/* The threads a step's team asks for: 1 without OpenMP */
+static int team_size(int threads) {
+#ifdef _OPENMP
+    return threads > 1 ? threads : 1;
+#else
+    (void)threads;
+    return 1;
+#endif
+}
+
+/* One thread's part of qwen3_step_products: every product of the step on
+   the fixed x, each result written over y */
+static void products_thread(const step_dims *d, const void *const *p,
+                            const step_buf *b, const mv_ctx *c,
+                            const float *x, uint16_t *y) {
+    lane ln = lane_of(d, b, c);
+    for (long l = 0; l < d->L; ++l) {
+        const void *const *q = p + G_COUNT + l * L_COUNT;
+        mv_qkv(d, q, &ln.mc, x, y);
+        mv1(&ln.mc, x, d->H * d->D, q[L_WO], q[L_SO], d->E, y);
+        mv_gate_up(d, q, &ln.mc, x, y);
+        mv1(&ln.mc, x, d->F, q[L_W3], q[L_S3], d->E, y);
+    }
+    mv1(&ln.mc, x, d->E, p[G_HEAD], p[G_HEAD_SCALE], d->V, y);
 }
 
 /* Logits (bf16, vocab) for `token` at position `pos` and their argmax in
@@ -225,20 +317,19 @@ int qwen3_decode_step(const long *dims, double eps_d, const void *const *p,
                       uint16_t *logits, long *next, int threads) {
     step_dims d;
     step_buf b;
+    mv_ctx c;
     if (read_dims(dims, eps_d, token, pos, &d)) return 1;
-    const int bad = read_variants(variants, &b.mc);
+    const int bad = read_variants(variants, &c);
     if (bad) return bad;
+    threads = team_size(threads);
     float *mem = alloc_buf(&d, p, pos, threads, &b);
     if (!mem) return 2;
-    embed(&d, p, token, b.x);
-    for (long l = 0; l < d.L; ++l) {
-        const void *const *q = p + G_COUNT + l * L_COUNT;
-        attention(&d, q, &b);
-        feed_forward(&d, q, &b);
-    }
-    rmsnorm(b.x, d.E, p[G_FINAL_NORM], d.eps, b.hin);
-    mv1(&b.mc, b.hin, d.E, p[G_HEAD], p[G_HEAD_SCALE], d.V, logits);
+#ifdef _OPENMP
+    #pragma omp parallel num_threads(threads)
+#endif
+    step_thread(&d, p, token, &b, &c, logits);
     *next = argmax_bf16(logits, d.V);
+    free(b.left);
     free(mem);
     return 0;
 }
@@ -250,25 +341,28 @@ int qwen3_decode_step(const long *dims, double eps_d, const void *const *p,
 int qwen3_step_products(const long *dims, const void *const *p,
                         const int *variants, int threads) {
     step_dims d;
+    step_buf b;
     mv_ctx c;
     if (read_sizes(dims, 1e-6, &d)) return 1;
     const int bad = read_variants(variants, &c);
     if (bad) return bad;
+    threads = team_size(threads);
     const long K_MAX = k_max(&d), Y = y_max(&d) > d.V ? y_max(&d) : d.V;
-    float *x = malloc((size_t)(2 * K_MAX + 16) * 4 + (size_t)Y * 2);
-    if (!x) return 2;
-    for (long i = 0; i < K_MAX; ++i) x[i] = rb((float)(i % 17 - 8) / 16.0f);
-    c.threads = threads, c.xbuf = x + K_MAX;
-    uint16_t *y = (uint16_t *)(x + 2 * K_MAX + 16);
-    for (long l = 0; l < d.L; ++l) {
-        const void *const *q = p + G_COUNT + l * L_COUNT;
-        mv_qkv(&d, q, &c, x, y);
-        mv1(&c, x, d.H * d.D, q[L_WO], q[L_SO], d.E, y);
-        mv_gate_up(&d, q, &c, x, y);
-        mv1(&c, x, d.F, q[L_W3], q[L_S3], d.E, y);
+    float *mem = alloc_buf(&d, p, 0, threads, &b);
+    float *x = mem ? malloc((size_t)K_MAX * 4 + (size_t)Y * 2) : NULL;
+    if (!x) {
+        if (mem) free(b.left);
+        free(mem);
+        return 2;
     }
-    mv1(&c, x, d.E, p[G_HEAD], p[G_HEAD_SCALE], d.V, y);
-    free(x);
+    for (long i = 0; i < K_MAX; ++i) x[i] = rb((float)(i % 17 - 8) / 16.0f);
+    uint16_t *y = (uint16_t *)(x + K_MAX);
+#ifdef _OPENMP
+    #pragma omp parallel num_threads(threads)
+#endif
+    products_thread(&d, p, &b, &c, x, y);
+    free(b.left);
+    free(mem), free(x);
     return 0;
 }
 

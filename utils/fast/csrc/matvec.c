@@ -279,18 +279,14 @@ static const row_kernel ROWS_BF16 = {rows_bf16, 4},
    end of each product. Every pass is computed by one call, the same way
    whoever makes it (see rows_fn), so the results are the same bits. */
 typedef struct {
-    uint64_t left; /* front << 32 | back */
-    char pad[56];
-} passes_left;
-
-typedef struct {
     const row_kernel *rk;
     const float *x;
     const group *g;
     void *y;
     int y_f32, threads;
     long k, n, claim;
-    passes_left *left; /* [threads][count] */
+    passes_left *left; /* [threads][stride], matrix i of piece u at u*stride+i */
+    int stride;
 } product;
 
 /* How much of the owner's work a whole product reads per take */
@@ -339,7 +335,7 @@ static void work(const product *p, int u, int i, int back) {
     if (!piece(p, u, i, &a, &b, &base)) return;
     const group *g = p->g;
     char *y = (char *)p->y + (size_t)base * (p->y_f32 ? 4 : 2);
-    uint64_t *left = &p->left[u * g->count + i].left;
+    uint64_t *left = &p->left[u * p->stride + i].left;
     while ((m = take(left, p->claim, back, &j0)))
         p->rk->fn(p->x, g->w[i], g->scales ? g->scales[i] : NULL, y, p->y_f32,
                   a, b, p->k, j0, j0 + m);
@@ -354,7 +350,6 @@ static void stall(void) {
    their backs */
 static void share(const product *p, int t, int nt) {
     const int count = p->g->count;
-    if (stall_us && nt > 1 && t == nt - 1) stall();
     for (int u = t; u < p->threads; u += nt)
         for (int i = 0; i < count; ++i) work(p, u, i, 0);
     for (int v = 1; v < p->threads; ++v)
@@ -363,52 +358,141 @@ static void share(const product *p, int t, int nt) {
 }
 #endif
 
+/* Piece u's passes-left words: every piece whole */
+static void fill(const product *p, int u) {
+    for (int i = 0; i < p->g->count; ++i) {
+        long a, b, base;
+        const int any = piece(p, u, i, &a, &b, &base);
+        __atomic_store_n(&p->left[u * p->stride + i].left,
+                         any ? (uint64_t)pass_count(b - a, p->rk->sections) : 0,
+                         __ATOMIC_RELAXED);
+    }
+}
+
+/* How many passes the owner takes at a time (see CLAIM_BYTES) */
+static long claim_passes(const product *p) {
+    const long row_bytes = p->k * (p->g->scales ? 1 : 2) * p->rk->sections;
+    return CLAIM_BYTES / row_bytes > 1 ? CLAIM_BYTES / row_bytes : 1;
+}
+
 /* p's passes-left words, all pieces whole; 0 when out of memory */
 static int split(product *p) {
-    const int count = p->g->count, S = p->rk->sections;
-    const size_t words = (size_t)p->threads * (size_t)count;
-    p->left = aligned_alloc(64, sizeof(passes_left) * words);
+    p->stride = p->g->count;
+    p->left = team_words(p->threads, p->stride);
     if (!p->left) return 0;
-    for (int u = 0; u < p->threads; ++u)
-        for (int i = 0; i < count; ++i) {
-            long a, b, base;
-            const int any = piece(p, u, i, &a, &b, &base);
-            p->left[u * count + i].left = any ? (uint64_t)pass_count(b - a, S) : 0;
-        }
-    const long row_bytes = p->k * (p->g->scales ? 1 : 2) * S;
-    p->claim = CLAIM_BYTES / row_bytes > 1 ? CLAIM_BYTES / row_bytes : 1;
+    for (int u = 0; u < p->threads; ++u) fill(p, u);
+    p->claim = claim_passes(p);
     return 1;
 }
 
+QWEN3_INTERNAL passes_left *team_words(int threads, int count) {
+    return aligned_alloc(64, sizeof(passes_left) * (size_t)threads * count);
+}
+
+/* Every row of a group on the calling thread */
+static void alone(const row_kernel *rk, const float *xv, const group *g,
+                  void *y, int y_f32, long k) {
+    const size_t esize = y_f32 ? 4 : 2;
+    char *out = y;
+    for (int i = 0; i < g->count; out += (size_t)g->n[i] * esize, ++i)
+        rk->fn(xv, g->w[i], g->scales ? g->scales[i] : NULL, out, y_f32, 0,
+               g->n[i], k, 0, pass_count(g->n[i], rk->sections));
+}
+
+/* Too small to be worth a second thread, or too many rows for the
+   passes-left words */
+static int one_thread(long n, long k) { return n * k < (1L << 16) || n >= (1L << 31); }
+
 QWEN3_INTERNAL int run(const row_kernel *rk, const float *xv, const group *g,
                        void *y, int y_f32, long k, int threads) {
-    product p = {rk, xv, g, y, y_f32, threads, k, 0, 0, NULL};
+    product p = {rk, xv, g, y, y_f32, threads, k, 0, 0, NULL, 0};
     for (int i = 0; i < g->count; ++i) p.n += g->n[i];
-    /* small matrices are not worth waking the other threads */
-    if (threads < 1 || p.n * k < (1L << 16) || p.n >= (1L << 31)) p.threads = 1;
+    if (threads < 1 || one_thread(p.n, k)) p.threads = 1;
 #ifndef _OPENMP
     p.threads = 1; /* built without OpenMP: one thread */
 #endif
     if (p.threads > 1 && !split(&p)) p.threads = 1;
     if (p.threads == 1) {
-        const size_t esize = y_f32 ? 4 : 2;
-        char *out = y;
-        for (int i = 0; i < g->count; out += (size_t)g->n[i] * esize, ++i)
-            rk->fn(xv, g->w[i], g->scales ? g->scales[i] : NULL, out, y_f32, 0,
-                   g->n[i], k, 0, pass_count(g->n[i], rk->sections));
+        alone(rk, xv, g, y, y_f32, k);
         return 0;
     }
 #ifdef _OPENMP
     #pragma omp parallel num_threads(p.threads)
-    share(&p, omp_get_thread_num(), omp_get_num_threads());
+    {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        if (stall_us && nt > 1 && t == nt - 1) stall();
+        share(&p, t, nt);
+    }
 #endif
     free(p.left);
     return 0;
 }
 
+QWEN3_INTERNAL void team_barrier(void) {
+#ifdef _OPENMP
+    #pragma omp barrier
+#endif
+}
+
+QWEN3_INTERNAL void team_stall(const team *tm) {
+#ifdef _OPENMP
+    if (stall_us && tm->nt > 1 && tm->t == tm->nt - 1) stall();
+#else
+    (void)tm;
+#endif
+}
+
+#ifdef _OPENMP
+/* The first thread of the team to reach product number seq fills every
+   piece's words, then marks them ready; the others wait for that (a
+   fill takes well under a microsecond), so none starts on words not yet
+   filled, which would only cost balance: until filled, a piece's words
+   are used up (every product uses up all of them, and the step zeroes
+   them first), so a thread that reads them takes nothing. A thread that
+   arrives late finds its piece already being taken from the back. */
+static void fill_once(const product *p, passes_left *sync, long seq) {
+    uint64_t *claimed = &sync[0].left, *ready = &sync[1].left;
+    uint64_t c = __atomic_load_n(claimed, __ATOMIC_RELAXED);
+    if (c < (uint64_t)seq
+        && __atomic_compare_exchange_n(claimed, &c, (uint64_t)seq, 0,
+                                       __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+        for (int u = 0; u < p->threads; ++u) fill(p, u);
+        __atomic_store_n(ready, (uint64_t)seq, __ATOMIC_RELEASE);
+        return;
+    }
+    while (__atomic_load_n(ready, __ATOMIC_ACQUIRE) < (uint64_t)seq)
+        _mm_pause();
+}
+#endif
+
+/* Inside the caller's parallel region: thread tm->t of the team does its
+   share of the product (its own piece first, then the others' backs, as
+   in run), then waits for the team. Every thread counts its products in
+   tm->seq, so all agree which product is which. */
+QWEN3_INTERNAL void team_product(const row_kernel *rk, const float *xv,
+                                 const group *g, void *y, int y_f32, long k,
+                                 team *tm) {
+    product p = {rk, xv, g, y, y_f32, tm->nt, k, 0, 0, tm->left, TEAM_COUNT};
+    for (int i = 0; i < g->count; ++i) p.n += g->n[i];
+    ++tm->seq;
+    if (tm->nt == 1 || one_thread(p.n, k)) {
+        if (tm->t == 0) alone(rk, xv, g, y, y_f32, k);
+    } else {
+#ifdef _OPENMP
+        fill_once(&p, tm->sync, tm->seq);
+        p.claim = claim_passes(&p);
+        share(&p, tm->t, tm->nt);
+#endif
+    }
+    team_barrier();
+    team_stall(tm); /* late to read y and to the next product */
+}
+
 /* For the tests: the passes taken from the back of another thread's
-   share since the last call; with us > 0 the last thread of every product
-   starts us microseconds late (0: no delay). */
+   share since the last call. With us > 0 the last thread sleeps us
+   microseconds: at the start of every product of run, and in a step's
+   team after every product and before its share of the attention and of
+   the SwiGLU (team_stall); 0: no delay. */
 long qwen3_stolen_passes(int us) {
     stall_us = us;
     return __atomic_exchange_n(&stolen_passes, 0, __ATOMIC_RELAXED);
@@ -461,6 +545,15 @@ QWEN3_INTERNAL void int8_group(const float *xn, const group *g, void *y,
                                const row_kernel *rows) {
     if (quantize_x(xn, k, qx)) run(rows, (const float *)qx, g, y, y_f32, k, threads);
     else run(&ROWS_I8, xn, g, y, y_f32, k, threads);
+}
+
+/* int8_group inside a team (see team_product): every thread rounds x into
+   its own qx, the same bits, so all take the same kernel */
+QWEN3_INTERNAL void team_int8_group(const float *xn, const group *g, void *y,
+                                    int y_f32, long k, int16_t *qx,
+                                    const row_kernel *rows, team *tm) {
+    if (quantize_x(xn, k, qx)) team_product(rows, (const float *)qx, g, y, y_f32, k, tm);
+    else team_product(&ROWS_I8, xn, g, y, y_f32, k, tm);
 }
 
 /* y (sum n) = [w_0; w_1; ...] (n_i, k) @ x (k); k % 16 == 0. 0 on success. */

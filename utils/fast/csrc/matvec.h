@@ -75,6 +75,42 @@ QWEN3_INTERNAL void int8_group(const float *xn, const group *g, void *y,
                                int y_f32, long k, int threads, int16_t *qx,
                                const row_kernel *rows);
 
+/* The passes of one piece of a product not yet taken (see run) */
+typedef struct {
+    uint64_t left; /* front << 32 | back */
+    char pad[56];
+} passes_left;
+
+/* A parallel region's threads running a sequence of products together
+   (decode_step.c): thread t of nt, the team's shared passes-left words
+   (TEAM_COUNT per thread) and two words that say which product they were
+   last filled for (sync; all zero before the first), and this thread's
+   count of the products it has joined */
+#define TEAM_COUNT 3
+typedef struct {
+    passes_left *left, *sync;
+    long seq;
+    int t, nt;
+} team;
+
+/* threads * count passes-left words, 64-byte aligned (NULL: out of memory) */
+QWEN3_INTERNAL passes_left *team_words(int threads, int count);
+/* The calling thread's share of a group's product (count <= TEAM_COUNT),
+   then a barrier: every thread of the team calls it with the same
+   arguments, and on return y is complete */
+QWEN3_INTERNAL void team_product(const row_kernel *rk, const float *xv,
+                                 const group *g, void *y, int y_f32, long k,
+                                 team *tm);
+/* int8_group as a team_product (qx: this thread's own scratch) */
+QWEN3_INTERNAL void team_int8_group(const float *xn, const group *g, void *y,
+                                    int y_f32, long k, int16_t *qx,
+                                    const row_kernel *rows, team *tm);
+/* Waits for every thread of the team (none outside a parallel region) */
+QWEN3_INTERNAL void team_barrier(void);
+/* For the tests (qwen3_stolen_passes): the team's last thread sleeps
+   after each product and before its part of the attention or the SwiGLU */
+QWEN3_INTERNAL void team_stall(const team *tm);
+
 /* ---- kernel variants (variants.c) ------------------------------------- */
 
 /* Instruction sets a variant may need (bits of cpu_features()) */

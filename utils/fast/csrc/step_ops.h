@@ -68,9 +68,10 @@ QWEN3_INTERNAL void norm_rope(const uint16_t *h, long d, const float *scale,
 QWEN3_INTERNAL void attend_group(const float *q, const uint16_t *kc,
                                  const uint16_t *vc, long len, long d, long r,
                                  float *w, float *out);
-/* out = bf16(bf16(silu(gate)) * up) on bf16 inputs, n % 8 == 0 */
-QWEN3_INTERNAL void swiglu(const uint16_t *gate, const uint16_t *up, long n,
-                           float *out);
+/* out = bf16(bf16(silu(gate)) * up) on bf16 inputs, entries [i0, n)
+   (both % 8 == 0) */
+QWEN3_INTERNAL void swiglu(const uint16_t *gate, const uint16_t *up, long i0,
+                           long n, float *out);
 /* x = bf16(x + y) for n (% 8 == 0) bf16 values y */
 QWEN3_INTERNAL void add_residual(float *x, const uint16_t *y, long n);
 /* torch.argmax over n >= 1 bf16 values: the first largest, or the first NaN */
