@@ -144,12 +144,11 @@ static float *alloc_buf(const step_dims *d, const void *const *p, long pos,
     const size_t floats = (size_t)(2 * H * D + 2 * d->G * D + H * (pos + 1)
                                    + d->F + threads * lane_floats(d) + Y);
     float *mem = malloc(floats * 4);
-    b->left = team_words(threads * TEAM_COUNT + 2, 1); /* sync first */
+    b->left = team_words((size_t)threads * TEAM_COUNT + 2); /* sync first */
     if (!mem || !b->left) {
         free(mem), free(b->left);
         return NULL;
     }
-    memset(b->left, 0, sizeof(passes_left) * (size_t)(threads * TEAM_COUNT + 2));
     b->qf = mem, b->ctx = b->qf + H * D;
     b->scratch = b->ctx + H * D; /* 2 * D per kv group */
     b->att = b->scratch + 2 * d->G * D;

@@ -378,15 +378,17 @@ static long claim_passes(const product *p) {
 /* p's passes-left words, all pieces whole; 0 when out of memory */
 static int split(product *p) {
     p->stride = p->g->count;
-    p->left = team_words(p->threads, p->stride);
+    p->left = team_words((size_t)p->threads * p->stride);
     if (!p->left) return 0;
     for (int u = 0; u < p->threads; ++u) fill(p, u);
     p->claim = claim_passes(p);
     return 1;
 }
 
-QWEN3_INTERNAL passes_left *team_words(int threads, int count) {
-    return aligned_alloc(64, sizeof(passes_left) * (size_t)threads * count);
+QWEN3_INTERNAL passes_left *team_words(size_t words) {
+    passes_left *w = aligned_alloc(64, sizeof(passes_left) * words);
+    if (w) memset(w, 0, sizeof(passes_left) * words);
+    return w;
 }
 
 /* Every row of a group on the calling thread */

@@ -93,8 +93,9 @@ typedef struct {
     int t, nt;
 } team;
 
-/* threads * count passes-left words, 64-byte aligned (NULL: out of memory) */
-QWEN3_INTERNAL passes_left *team_words(int threads, int count);
+/* `words` passes-left words, 64-byte aligned and zero (every piece used
+   up); NULL when out of memory */
+QWEN3_INTERNAL passes_left *team_words(size_t words);
 /* The calling thread's share of a group's product (count <= TEAM_COUNT),
    then a barrier: every thread of the team calls it with the same
    arguments, and on return y is complete */
