@@ -183,6 +183,33 @@ def test_step_follows_a_new_cache_and_holds_a_copied_cos():
     assert step._cache_refs[-1] is last.v_cache
 
 
+def test_new_outputs_each_step_and_a_batch_cache_falls_back():
+    sd = tiny_state_dict(23, BF16)
+    model = native(sd)
+    model.setup_cache(1, 32)
+    prefill(model, PROMPT)
+    pos = torch.tensor([PROMPT.shape[1]])
+    tok = PROMPT[:, -1:]
+    with torch.inference_mode():
+        a_tok, a = decode_one_token(model, tok, pos)
+        b_tok, b = decode_one_token(model, tok, pos)  # the same slot again
+    # no copies are made of the native step's outputs: each call's are new
+    assert a.data_ptr() != b.data_ptr() and a_tok.data_ptr() != b_tok.data_ptr()
+    assert torch.equal(a, b) and a_tok.shape == (1, 1) and a_tok.dtype == torch.int64
+    assert int(a_tok) == int(a.float().argmax())
+    # a cache for two rows (checked when the cache changes): the eager step
+    # runs (and, given one row, fails as it does in eager)
+    model.setup_cache(2, 32)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="index_copy_"):
+        decode_one_token(model, tok, pos)
+    assert not model.decode_step._cache_ok and model.decode_native()
+    model.setup_cache(1, 32)  # a usable cache again: the native step
+    prefill(model, PROMPT)
+    with torch.inference_mode():
+        assert torch.equal(decode_one_token(model, tok, pos)[1], a)
+    assert model.decode_step._cache_ok
+
+
 def test_falls_back_to_eager_where_it_cannot_run(capsys):
     sd = tiny_state_dict(15, BF16)
     model = native(sd)

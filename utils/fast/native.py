@@ -142,6 +142,7 @@ class NativeStep:
     `utils.fast.hugepages`)."""
 
     kind = "native"
+    fresh_outputs = True  # new logits and token tensors every call
 
     def __init__(
         self, model: Any, exact: bool = True, variants: str | None = None
@@ -181,8 +182,8 @@ class NativeStep:
         # the cos/sin and cache tensors the table points at, held so their
         # memory cannot be freed and reused while the table names it
         self._cache_refs: tuple[torch.Tensor, ...] = ()
+        self._cache_ok = False  # whether those caches are ones the C step takes
         self._keep_cache: tuple[torch.Tensor, ...] = ()
-        self._next = array.array("l", [0])  # the argmax, written by C
         self._classes = self._classes_used(model)
         self._choices: dict[int, tuple[Choice, array.array]] = {}
         self._variants_for(torch.get_num_threads())  # chosen now, not mid-run
@@ -306,17 +307,24 @@ class NativeStep:
             current += (buffers["k_cache"], buffers["v_cache"])
         return current
 
-    def _point_at_cache(self, model: Any) -> None:
+    def _point_at_cache(self, model: Any) -> bool:
         """Point the table at the model's current cache and cos/sin rows
-        (checked by identity each step: a few microseconds)."""
+        (checked by identity each step: a few microseconds); False when the
+        cache is one the C step cannot take (none, a batch, not bf16)."""
         current = self._current_cache(model)
         held = self._cache_refs
         if len(held) == len(current) and all(map(operator.is_, current, held)):
-            return
-        cos, sin = model.cos.contiguous(), model.sin.contiguous()
+            return self._cache_ok
         caches = current[2:]
+        self._cache_refs, self._cache_ok = tuple(current), False
+        if not all(c is not None and c.shape[0] == 1 for c in caches) or not all(
+            c.dtype == torch.bfloat16 for c in caches
+        ):
+            return False
         if not all(t.is_contiguous() for t in caches):
+            self._cache_refs = ()
             raise ValueError("the KV cache must be contiguous")
+        cos, sin = model.cos.contiguous(), model.sin.contiguous()
         self._table[self._g["COS"]] = cos.data_ptr()
         self._table[self._g["SIN"]] = sin.data_ptr()
         per_layer, kc, vc = len(self._l), self._l["KC"], self._l["VC"]
@@ -327,19 +335,9 @@ class NativeStep:
         self._dims[self._d["CACHE"]] = caches[0].shape[2]
         # the identity check needs the model's own objects; the pointers
         # may name contiguous copies: hold both
-        self._cache_refs = tuple(current)
         self._keep_cache = (cos, sin)
-
-    def _usable(self, model: Any, cur_token: torch.Tensor) -> bool:
-        cache = self._cache_dicts[0]["k_cache"]
-        return (
-            cur_token.shape == (1, 1)
-            and cur_token.device.type == "cpu"
-            and model.cpu_matvec_wanted
-            and cache is not None
-            and cache.shape[0] == 1
-            and cache.dtype == torch.bfloat16
-        )
+        self._cache_ok = True
+        return True
 
     def __call__(
         self,
@@ -348,17 +346,27 @@ class NativeStep:
         input_pos: torch.Tensor,
         kv_len: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self._usable(model, cur_token):
+        # Each torch call here runs from cold caches (the step's weights
+        # have just streamed through them): tens of microseconds each, so
+        # the checks are few (the cache's shape and dtype are checked when
+        # it changes) and C writes the next token into a tensor made here.
+        if not (
+            cur_token.is_cpu
+            and cur_token.shape == (1, 1)
+            and model.cpu_matvec_wanted
+            and self._point_at_cache(model)
+        ):
             return greedy_step(model, cur_token, input_pos, kv_len)
-        self._point_at_cache(model)
-        pos, token = int(input_pos.reshape(-1)[0]), int(cur_token)
+        pos = int(input_pos) if input_pos.numel() == 1 else int(input_pos[0])
+        token = int(cur_token)
         logits = torch.empty(1, self._vocab, dtype=torch.bfloat16)
+        next_token = torch.empty((1, 1), dtype=torch.int64)
         threads = torch.get_num_threads()
         variants = self._variants_for(threads)
         rc = self._kernels.lib.qwen3_decode_step(
             self._dims.buffer_info()[0], self._eps, self._table.buffer_info()[0],
             token, pos, variants.buffer_info()[0], logits.data_ptr(),
-            self._next.buffer_info()[0], threads,
+            next_token.data_ptr(), threads,
         )  # fmt: skip
         if rc == 1:
             raise ValueError(
@@ -371,4 +379,4 @@ class NativeStep:
         if rc:
             raise MemoryError("native decode step: out of memory")
         # torch.argmax's choice (first maximum, NaN first), made in C
-        return torch.tensor([[self._next[0]]]), logits
+        return next_token, logits

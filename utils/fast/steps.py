@@ -47,6 +47,8 @@ class DecodeStep(Protocol):
     slots, is a hint that static-shape steps ignore."""
 
     kind: str  # "eager", "compiled" or "native"
+    # True: each call returns new tensors (no copies needed to keep them)
+    fresh_outputs: bool
 
     def __call__(
         self,
@@ -61,6 +63,7 @@ class EagerStep:
     """The model's own forward, over `kv_len` cache slots when given."""
 
     kind = "eager"
+    fresh_outputs = False  # a model's forward may hand out its own buffers
 
     def __call__(self, model, cur_token, input_pos, kv_len=None):
         return greedy_step(model, cur_token, input_pos, kv_len)
@@ -76,6 +79,7 @@ class CompiledStep:
     runs the eager step from then on (`failed`)."""
 
     kind = "compiled"
+    fresh_outputs = False  # CUDA graphs reuse their output memory
 
     def __init__(
         self,
@@ -244,6 +248,8 @@ def decode_one_token(
     (eager for a plain StaticQwen3: over `kv_len` cache slots when given)."""
     step = getattr(model, "decode_step", EAGER)
     next_token, logits = step(model, cur_token, input_pos, kv_len)
+    if getattr(step, "fresh_outputs", False):
+        return next_token, logits  # the native step: new tensors each call
     # CUDA graphs reuse their output memory on the next replay: keep copies
     return next_token.clone(), logits.clone()
 

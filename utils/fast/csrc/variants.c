@@ -204,20 +204,20 @@ T512 INLINE void eo5_rows(const void *xv, const uint16_t *const *r, int R,
 typedef void (*bf16_body)(const void *x, const uint16_t *const *r, int R,
                           long k, float *out);
 
-/* Passes [j0, j1) of rows [lo, hi) in four sections with `body` (see
-   rows_fn; inlined with a constant body: one loop per kernel) */
-T512 INLINE void four_rows(bf16_body body, const void *x, const uint16_t *w,
-                           void *y, int y_f32, long lo, long hi, long k,
-                           long j0, long j1) {
-    const long per = (hi - lo) / 4;
+/* Passes [j0, j1) of rows [lo, hi) in S sections (1 to 4) with `body`
+   (see rows_fn; inlined with a constant body and S: one loop per kernel) */
+T512 INLINE void sect_rows(bf16_body body, int S, const void *x,
+                           const uint16_t *w, void *y, int y_f32, long lo,
+                           long hi, long k, long j0, long j1) {
+    const long per = (hi - lo) / S;
     float out[4];
     FULL_PASSES(j, j0, j1, per) {
         const uint16_t *r[4];
-        for (int q = 0; q < 4; ++q) r[q] = w + (lo + q * per + j) * k;
-        body(x, r, 4, k, out);
-        for (int q = 0; q < 4; ++q) store(y, y_f32, lo + q * per + j, out[q]);
+        for (int q = 0; q < S; ++q) r[q] = w + (lo + q * per + j) * k;
+        body(x, r, S, k, out);
+        for (int q = 0; q < S; ++q) store(y, y_f32, lo + q * per + j, out[q]);
     }
-    LEFTOVER_ROWS(n, j0, j1, per, lo, 4) {
+    LEFTOVER_ROWS(n, j0, j1, per, lo, S) {
         const uint16_t *r[1] = {w + n * k};
         body(x, r, 1, k, out);
         store(y, y_f32, n, out[0]);
@@ -229,7 +229,18 @@ T512 static void rows_exact_512(const float *xp, const void *wv,
                                 const float *unused, void *y, int y_f32,
                                 long lo, long hi, long k, long j0, long j1) {
     (void)unused;
-    four_rows(eo5_rows, xp, (const uint16_t *)wv, y, y_f32, lo, hi, k, j0, j1);
+    sect_rows(eo5_rows, 4, xp, (const uint16_t *)wv, y, y_f32, lo, hi, k, j0,
+              j1);
+}
+
+/* The same sums, two far-apart rows per pass (two streams per thread) */
+T512 static void rows_exact_512_s2(const float *xp, const void *wv,
+                                   const float *unused, void *y, int y_f32,
+                                   long lo, long hi, long k, long j0,
+                                   long j1) {
+    (void)unused;
+    sect_rows(eo5_rows, 2, xp, (const uint16_t *)wv, y, y_f32, lo, hi, k, j0,
+              j1);
 }
 
 /* ---- fast class, AVX512_BF16 ------------------------------------------- */
@@ -261,7 +272,55 @@ T512BF16 static void rows_fast_bf16dp(const float *xp, const void *wv,
                                       long lo, long hi, long k, long j0,
                                       long j1) {
     (void)unused;
-    four_rows(dp_rows, xp, (const uint16_t *)wv, y, y_f32, lo, hi, k, j0, j1);
+    sect_rows(dp_rows, 4, xp, (const uint16_t *)wv, y, y_f32, lo, hi, k, j0,
+              j1);
+}
+
+/* ---- int8 class, AVX2 ----------------------------------------------------- */
+
+/* R (1 to 2) rows as rows_i8q adds them: per 16 columns one sign extension
+   and one vpmaddwd into an int32 lane sum, converted per I16_CHUNK. */
+static inline void i8_rows(const int16_t *qx, const int8_t *const *r, int R,
+                           long k, __m256 *f) {
+    for (int q = 0; q < R; ++q) f[q] = _mm256_setzero_ps();
+    for (long c = 0; c < k; c += I16_CHUNK) {
+        const long end = c + I16_CHUNK < k ? c + I16_CHUNK : k;
+        __m256i a[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (long i = c; i < end; i += 16) {
+            const __m256i xq = _mm256_loadu_si256((const __m256i *)(qx + i));
+            for (int q = 0; q < R; ++q) {
+                const __m128i v = _mm_loadu_si128((const __m128i *)(r[q] + i));
+                const __m256i w = _mm256_cvtepi8_epi16(v);
+                a[q] = _mm256_add_epi32(a[q], _mm256_madd_epi16(w, xq));
+            }
+        }
+        for (int q = 0; q < R; ++q)
+            f[q] = _mm256_add_ps(f[q], _mm256_cvtepi32_ps(a[q]));
+    }
+}
+
+/* rows_i8q's sums, two far-apart rows per pass (two streams per thread) */
+static void rows_i8q_s2(const float *qxv, const void *wv, const float *scale,
+                        void *y, int y_f32, long lo, long hi, long k, long j0,
+                        long j1) {
+    const int8_t *w = (const int8_t *)wv;
+    const int16_t *qx = (const int16_t *)qxv;
+    float xs;
+    memcpy(&xs, qx + k, 4);
+    const long per = (hi - lo) / 2;
+    __m256 f[2];
+    FULL_PASSES(j, j0, j1, per) {
+        const long n0 = lo + j, n1 = lo + per + j;
+        const int8_t *r[2] = {w + n0 * k, w + n1 * k};
+        i8_rows(qx, r, 2, k, f);
+        store(y, y_f32, n0, hsum(f[0]) * xs * scale[n0]);
+        store(y, y_f32, n1, hsum(f[1]) * xs * scale[n1]);
+    }
+    LEFTOVER_ROWS(n, j0, j1, per, lo, 2) {
+        const int8_t *r[1] = {w + n * k};
+        i8_rows(qx, r, 1, k, f);
+        store(y, y_f32, n, hsum(f[0]) * xs * scale[n]);
+    }
 }
 
 /* ---- int8 class, AVX512_VNNI --------------------------------------------- */
@@ -298,7 +357,9 @@ T512VNNI INLINE void vnni_rows(const int16_t *qx, const int8_t *const *r,
     }
 }
 
-T512VNNI static void rows_i8q_vnni(const float *qxv, const void *wv,
+/* Passes [j0, j1) of rows [lo, hi) in S far-apart sections (1 to 4; see
+   rows_fn): S rows per pass, each section one stream through memory */
+T512VNNI INLINE void vnni_sections(int S, const float *qxv, const void *wv,
                                    const float *scale, void *y, int y_f32,
                                    long lo, long hi, long k, long j0,
                                    long j1) {
@@ -306,22 +367,38 @@ T512VNNI static void rows_i8q_vnni(const float *qxv, const void *wv,
     const int16_t *qx = (const int16_t *)qxv;
     float xs;
     memcpy(&xs, qx + k, 4);
-    const long per = (hi - lo) / 4;
+    const long per = (hi - lo) / S;
     __m256 f[4];
     FULL_PASSES(j, j0, j1, per) {
         const int8_t *r[4];
-        for (int q = 0; q < 4; ++q) r[q] = w + (lo + q * per + j) * k;
-        vnni_rows(qx, r, 4, k, f);
-        for (int q = 0; q < 4; ++q) {
+        for (int q = 0; q < S; ++q) r[q] = w + (lo + q * per + j) * k;
+        vnni_rows(qx, r, S, k, f);
+        for (int q = 0; q < S; ++q) {
             const long n = lo + q * per + j;
             store(y, y_f32, n, hsum(f[q]) * xs * scale[n]);
         }
     }
-    LEFTOVER_ROWS(n, j0, j1, per, lo, 4) {
+    LEFTOVER_ROWS(n, j0, j1, per, lo, S) {
         const int8_t *r[1] = {w + n * k};
         vnni_rows(qx, r, 1, k, f);
         store(y, y_f32, n, hsum(f[0]) * xs * scale[n]);
     }
+}
+
+T512VNNI static void rows_i8q_vnni(const float *qx, const void *w,
+                                   const float *scale, void *y, int y_f32,
+                                   long lo, long hi, long k, long j0,
+                                   long j1) {
+    vnni_sections(4, qx, w, scale, y, y_f32, lo, hi, k, j0, j1);
+}
+
+/* Two sections: on a 2-core Zen 5 VM the model's products read at
+   0.92 of torch.sum where four sections read at 0.78 (fast memory) */
+T512VNNI static void rows_i8q_vnni_s2(const float *qx, const void *w,
+                                      const float *scale, void *y, int y_f32,
+                                      long lo, long hi, long k, long j0,
+                                      long j1) {
+    vnni_sections(2, qx, w, scale, y, y_f32, lo, hi, k, j0, j1);
 }
 
 #endif /* QWEN3_AVX512 */
@@ -338,6 +415,8 @@ static const kernel_variant VARIANTS[] = {
 #ifdef QWEN3_AVX512
     {"bf16_exact_avx512", {rows_exact_512, 4}, evenodd16, CLASS_EXACT,
      CPU_AVX2 | CPU_AVX512, 64},
+    {"bf16_exact_avx512_s2", {rows_exact_512_s2, 2}, evenodd16, CLASS_EXACT,
+     CPU_AVX2 | CPU_AVX512, 64},
 #endif
     {"bf16_fast_avx2", {rows_bf16, 4}, permute16, CLASS_FAST, CPU_AVX2, 16},
 #ifdef QWEN3_AVX512
@@ -345,8 +424,11 @@ static const kernel_variant VARIANTS[] = {
      CPU_AVX2 | CPU_AVX512 | CPU_AVX512_BF16, 64},
 #endif
     {"int8_avx2", {rows_i8q, 4}, NULL, CLASS_INT8, CPU_AVX2, 16},
+    {"int8_avx2_s2", {rows_i8q_s2, 2}, NULL, CLASS_INT8, CPU_AVX2, 16},
 #ifdef QWEN3_AVX512
     {"int8_avx512vnni", {rows_i8q_vnni, 4}, NULL, CLASS_INT8,
+     CPU_AVX2 | CPU_AVX512 | CPU_AVX512_VNNI, 64},
+    {"int8_avx512vnni_s2", {rows_i8q_vnni_s2, 2}, NULL, CLASS_INT8,
      CPU_AVX2 | CPU_AVX512 | CPU_AVX512_VNNI, 64},
 #endif
 };
