@@ -355,3 +355,11 @@ def test_each_cpu_capability_compiles_into_its_own_inductor_cache(monkeypatch):
     assert Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).parent.name.startswith(
         "torchinductor_"
     )
+
+
+def test_a_batch_stops_only_when_every_row_is_at_eos():
+    from utils.fast.steps import _all_eos
+
+    assert _all_eos(torch.tensor([[7], [7]]), 7)
+    assert not _all_eos(torch.tensor([[7], [3]]), 7)
+    assert not _all_eos(torch.tensor([[3]]), 7)

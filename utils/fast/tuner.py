@@ -17,15 +17,17 @@ the CPUs to itself (`LoadProbe`): its CPU time at least 90 % of threads x
 wall time (a descheduled thread shows as missing CPU time) and, where
 /proc/stat can be read, other processes below 6 % of the machine. With
 fewer than 3 clean rounds the default is kept and nothing is cached.
-Decision (`decide`): the candidates whose median ratio is within `margin`
-of the best, and no slower than the default's, are as fast as each other at
-this moment's memory speed; of those the one with the highest
-cache-resident speed wins (its compute to spare can count when the memory
-is faster than while tuning), so a variant measurably slower than another
-is never chosen. A variant whose median is behind the default's, even
-within the margin, is not: on a 2-core Zen 4 VM, int8_avx512vnni timed
-1.008 of int8_avx2 and won on its cache-resident speed, while whole steps
-timed side by side later ran 2-5 % slower with it in every memory phase.
+Decision (`decide`): the candidate with the lowest median ratio, unless
+the default's median is within `margin` of it (the reference kernel is
+kept where the others are not measurably faster). The cache-resident speed
+of each candidate (`hot_rate`) is recorded with the choice but does not
+decide: it does not predict the streamed speed. On a 2-core Zen 5 VM the
+AVX-512 forms read cached weights 3-4x faster than the AVX2 ones, yet in
+whole steps with 55-60 GB/s memory `bf16_exact_avx512_s2` ran at 0.76-0.80
+of torch.sum where `bf16_exact_avx2_eo`, 2 % ahead of it in the tuner's
+timing, ran at 0.88-0.91 (and `int8_avx512vnni` at 0.71 where
+`int8_avx512vnni_s2` ran at 0.80); a tie-break by that speed had picked
+the slower ones.
 
 The choice is cached next to the kernel library (`kernel_cache_dir`),
 keyed by the library, the CPU, the thread count and the model's shapes,
@@ -156,21 +158,16 @@ class Tuning:
 
 
 def decide(
-    ratios: Mapping[str, Sequence[float]],
-    hot: Mapping[str, float],
-    default: str,
-    margin: float = 0.03,
+    ratios: Mapping[str, Sequence[float]], default: str, margin: float = 0.03
 ) -> str:
-    """The candidate to run: of those whose median time ratio (to the
-    default, same rounds) is within `margin` of the best median and not
-    above the default's, the one with the highest cache-resident rate `hot`
-    (bytes/s; the default wins a tie)."""
+    """The candidate to run: the lowest median time ratio (to the default,
+    same rounds), or the default where its median is within `margin` of
+    that one's."""
     medians = {n: statistics.median(r) for n, r in ratios.items() if r}
     if default not in medians:
         return default
-    best, own = min(medians.values()), medians[default]
-    contenders = [n for n, m in medians.items() if m <= min(best + margin, own)]
-    return max(contenders, key=lambda n: (hot.get(n, 0.0), n == default))
+    best = min(medians, key=lambda n: (medians[n], n != default))
+    return default if medians[default] <= medians[best] + margin else best
 
 
 def tune(
@@ -187,7 +184,7 @@ def tune(
 ) -> Tuning:
     """Time `candidates` (the default among them) with `time_pass(name)` ->
     seconds of one pass over the model's products, in rotated rounds, and
-    `decide` with the rates `hot()`; see the module docstring. Keeps the
+    `decide`, recording the rates `hot()`; see the module docstring. Keeps the
     default, with a reason, when a pass is too short to time (under
     `min_pass_s`: a small model), when the first 4 rounds are all disturbed
     or when the budget ends before 3 clean rounds."""
@@ -215,7 +212,8 @@ def tune(
     if clean < 3:
         reason = f"{clean} of {r} rounds undisturbed by other processes"
         return Tuning(default, ratios, clean, r, seconds, reason)
-    choice = decide(ratios, hot(), default, margin)
+    hot()  # recorded with the choice (see _tune_classes)
+    choice = decide(ratios, default, margin)
     return Tuning(choice, ratios, clean, r, seconds)
 
 
