@@ -147,8 +147,8 @@ def test_the_table_has_the_defaults_first_and_the_avx512_forms(kernels):
     assert names["bf16_fast_avx512bf16"].needs >= {"avx512", "avx512_bf16"}
     assert names["int8_avx512vnni"].needs >= {"avx512", "avx512_vnni"}
     assert names["int8_avx512vnni_s2"].needs >= {"avx512", "avx512_vnni"}
-    assert names["bf16_exact_avx512_s2"].needs == {"avx2", "avx512"}
-    assert names["int8_avx2_s2"].needs == {"avx2"}
+    assert names["int8_avx512vnni_s2_nta"].needs >= {"avx512", "avx512_vnni"}
+    assert names["int8_avx2_s2_nta"].needs == {"avx2"}
     assert [v.index for v in table] == list(range(len(table)))
 
 
@@ -255,8 +255,13 @@ def test_fake_cpu_features_leave_the_avx2_kernels(kernels):
         "bf16_exact_avx2",
         "bf16_exact_avx2_np",
         "bf16_exact_avx2_eo",
+        "bf16_exact_avx2_eo_nta",
     ]
-    assert [v.name for v in usable["int8"]] == ["int8_avx2", "int8_avx2_s2"]
+    assert [v.name for v in usable["int8"]] == [
+        "int8_avx2",
+        "int8_avx2_s2",
+        "int8_avx2_s2_nta",
+    ]
 
 
 def runnable_names(kernels, cls: str) -> list[str]:
