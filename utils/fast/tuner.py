@@ -23,11 +23,11 @@ kept where the others are not measurably faster). The cache-resident speed
 of each candidate (`hot_rate`) is recorded with the choice but does not
 decide: it does not predict the streamed speed. On a 2-core Zen 5 VM the
 AVX-512 forms read cached weights 3-4x faster than the AVX2 ones, yet in
-whole steps with 55-60 GB/s memory `bf16_exact_avx512_s2` ran at 0.76-0.80
-of torch.sum where `bf16_exact_avx2_eo`, 2 % ahead of it in the tuner's
-timing, ran at 0.88-0.91 (and `int8_avx512vnni` at 0.71 where
-`int8_avx512vnni_s2` ran at 0.80); a tie-break by that speed had picked
-the slower ones.
+whole steps with 55-60 GB/s memory `bf16_exact_avx512_s2` (a two-section
+form since dropped) ran at 0.76-0.80 of torch.sum where
+`bf16_exact_avx2_eo`, 2 % ahead of it in the tuner's timing, ran at
+0.88-0.91 (and `int8_avx512vnni` at 0.71 where `int8_avx512vnni_s2` ran
+at 0.80); a tie-break by that speed had picked the slower ones.
 
 The choice is cached next to the kernel library (`kernel_cache_dir`),
 keyed by the library, the CPU, the thread count and the model's shapes,
