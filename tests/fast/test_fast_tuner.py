@@ -85,11 +85,10 @@ def timer(
 
 
 TIMES = {"default": 0.040, "fast": 0.036, "slow": 0.048}
-HOT = {"default": 30e9, "fast": 40e9, "slow": 90e9}
 
 
 def test_tune_picks_the_fastest_in_clean_rounds():
-    result = tune(timer(TIMES), list(TIMES), "default", lambda: HOT, 2, FakeProbe())
+    result = tune(timer(TIMES), list(TIMES), "default", 2, FakeProbe())
     assert result.choice == "fast" and result.reason is None
     assert result.clean == ROUNDS and result.rounds == ROUNDS + 1  # 0 warms up
     assert result.medians()["fast"] == pytest.approx(0.9)
@@ -101,9 +100,7 @@ def test_rounds_under_foreign_load_are_not_counted():
     # so "slow" would look twice as fast if those rounds counted
     probe = FakeProbe(busy=lambda r: r % 2 == 1)
     loaded = {"default": 0.100, "fast": 0.040, "slow": 0.050}
-    result = tune(
-        timer(TIMES, loaded, probe), list(TIMES), "default", lambda: HOT, 2, probe
-    )
+    result = tune(timer(TIMES, loaded, probe), list(TIMES), "default", 2, probe)
     assert result.choice == "fast"
     assert all(r == pytest.approx(1.2) for r in result.ratios["slow"])
     assert result.clean == ROUNDS and result.rounds > 2 * ROUNDS - 1
@@ -111,19 +108,17 @@ def test_rounds_under_foreign_load_are_not_counted():
 
 def test_a_busy_machine_keeps_the_default_and_says_why():
     probe = FakeProbe(busy=lambda r: True)
-    result = tune(timer(TIMES), list(TIMES), "default", lambda: HOT, 2, probe)
+    result = tune(timer(TIMES), list(TIMES), "default", 2, probe)
     assert result.choice == "default" and result.clean == 0
     assert result.rounds == 4 and "0 of 4 rounds undisturbed" in result.reason
     few = FakeProbe(busy=lambda r: r % 3 != 1)  # clean now and then only
-    result = tune(
-        timer(TIMES), list(TIMES), "default", lambda: HOT, 2, few, budget_s=0.0
-    )
+    result = tune(timer(TIMES), list(TIMES), "default", 2, few, budget_s=0.0)
     assert result.choice == "default" and result.reason
 
 
 def test_a_pass_too_short_to_time_keeps_the_default():
     tiny = {n: t / 100 for n, t in TIMES.items()}
-    result = tune(timer(tiny), list(tiny), "default", lambda: HOT, 2, FakeProbe())
+    result = tune(timer(tiny), list(tiny), "default", 2, FakeProbe())
     assert result.choice == "default" and "too short" in result.reason
 
 

@@ -174,7 +174,6 @@ def tune(
     time_pass: Callable[[str], float],
     candidates: Sequence[str],
     default: str,
-    hot: Callable[[], Mapping[str, float]],
     threads: int,
     probe: LoadProbe | None = None,
     rounds: int = ROUNDS,
@@ -184,7 +183,7 @@ def tune(
 ) -> Tuning:
     """Time `candidates` (the default among them) with `time_pass(name)` ->
     seconds of one pass over the model's products, in rotated rounds, and
-    `decide`, recording the rates `hot()`; see the module docstring. Keeps the
+    `decide`; see the module docstring. Keeps the
     default, with a reason, when a pass is too short to time (under
     `min_pass_s`: a small model), when the first 4 rounds are all disturbed
     or when the budget ends before 3 clean rounds."""
@@ -212,7 +211,6 @@ def tune(
     if clean < 3:
         reason = f"{clean} of {r} rounds undisturbed by other processes"
         return Tuning(default, ratios, clean, r, seconds, reason)
-    hot()  # recorded with the choice (see _tune_classes)
     choice = decide(ratios, default, margin)
     return Tuning(choice, ratios, clean, r, seconds)
 
@@ -393,17 +391,18 @@ def _tune_classes(kernels, classes, usable, time_pass, threads, probe, path) -> 
         if len(usable[cls]) == 1:
             continue
         by_name = {v.name: v for v in usable[cls]}
-        hot: dict[str, float] = {}
 
         def one_pass(name: str, cls: str = cls, by_name=by_name) -> float:
             return time_pass({**chosen, cls: by_name[name]})
 
-        def rates(by_name=by_name, hot=hot) -> dict[str, float]:
-            hot.update({n: hot_rate(kernels, v) for n, v in by_name.items()})
-            return hot
-
         default = usable[cls][0].name
-        result = tune(one_pass, list(by_name), default, rates, threads, probe)
+        result = tune(one_pass, list(by_name), default, threads, probe)
+        # recorded beside the choice, not used by it (module docstring)
+        hot = (
+            {}
+            if result.reason
+            else {n: hot_rate(kernels, v) for n, v in by_name.items()}
+        )
         chosen[cls] = by_name[result.choice]
         evidence[cls] = _evidence(result, hot)
         if result.reason:

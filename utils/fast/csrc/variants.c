@@ -227,20 +227,20 @@ T512 INLINE void eo5_rows(const void *xv, const uint16_t *const *r, int R,
 typedef void (*bf16_body)(const void *x, const uint16_t *const *r, int R,
                           long k, float *out);
 
-/* Passes [j0, j1) of rows [lo, hi) in S sections (1 to 4) with `body`
-   (see rows_fn; inlined with a constant body and S: one loop per kernel) */
-T512 INLINE void sect_rows(bf16_body body, int S, const void *x,
-                           const uint16_t *w, void *y, int y_f32, long lo,
-                           long hi, long k, long j0, long j1) {
-    const long per = (hi - lo) / S;
+/* Passes [j0, j1) of rows [lo, hi) in four sections with `body` (see
+   rows_fn; inlined with a constant body: one loop per kernel) */
+T512 INLINE void four_rows(bf16_body body, const void *x, const uint16_t *w,
+                           void *y, int y_f32, long lo, long hi, long k,
+                           long j0, long j1) {
+    const long per = (hi - lo) / 4;
     float out[4];
     FULL_PASSES(j, j0, j1, per) {
         const uint16_t *r[4];
-        for (int q = 0; q < S; ++q) r[q] = w + (lo + q * per + j) * k;
-        body(x, r, S, k, out);
-        for (int q = 0; q < S; ++q) store(y, y_f32, lo + q * per + j, out[q]);
+        for (int q = 0; q < 4; ++q) r[q] = w + (lo + q * per + j) * k;
+        body(x, r, 4, k, out);
+        for (int q = 0; q < 4; ++q) store(y, y_f32, lo + q * per + j, out[q]);
     }
-    LEFTOVER_ROWS(n, j0, j1, per, lo, S) {
+    LEFTOVER_ROWS(n, j0, j1, per, lo, 4) {
         const uint16_t *r[1] = {w + n * k};
         body(x, r, 1, k, out);
         store(y, y_f32, n, out[0]);
@@ -252,8 +252,7 @@ T512 static void rows_exact_512(const float *xp, const void *wv,
                                 const float *unused, void *y, int y_f32,
                                 long lo, long hi, long k, long j0, long j1) {
     (void)unused;
-    sect_rows(eo5_rows, 4, xp, (const uint16_t *)wv, y, y_f32, lo, hi, k, j0,
-              j1);
+    four_rows(eo5_rows, xp, (const uint16_t *)wv, y, y_f32, lo, hi, k, j0, j1);
 }
 
 /* ---- fast class, AVX512_BF16 ------------------------------------------- */
@@ -285,8 +284,7 @@ T512BF16 static void rows_fast_bf16dp(const float *xp, const void *wv,
                                       long lo, long hi, long k, long j0,
                                       long j1) {
     (void)unused;
-    sect_rows(dp_rows, 4, xp, (const uint16_t *)wv, y, y_f32, lo, hi, k, j0,
-              j1);
+    four_rows(dp_rows, xp, (const uint16_t *)wv, y, y_f32, lo, hi, k, j0, j1);
 }
 
 /* ---- int8 class, AVX2 ----------------------------------------------------- */
