@@ -83,8 +83,8 @@ def test_rows_report_bandwidth_and_time_to_last_token(rows):
         assert r["weight_read_gbps"] == pytest.approx(
             expected * r["tokens_per_sec"] / 1e9
         )
-        local = r["weight_read_gbps"] / machine
-        assert r["bandwidth_share_local"] == pytest.approx(local)
+        # every mode here streams its tokens: each has a same-moment share
+        assert r["bandwidth_share_paired"] > 0, r["mode"]
         best = r["best_read_gbps"]  # the best probe of the run: one for all rows
         assert best >= machine and best == rows[0]["best_read_gbps"]
         assert r["bandwidth_share"] == pytest.approx(r["weight_read_gbps"] / best)
@@ -350,7 +350,7 @@ def test_native_modes_are_skipped_in_one_line_where_they_cannot_run(capsys):
 def test_each_mode_is_compared_with_the_read_speed_around_it(monkeypatch):
     probes = iter([30e9, 20e9, 40e9])  # start, after mode 1, after mode 2
     monkeypatch.setattr(benchmark, "measure_read_bandwidth", lambda *a: next(probes))
-    rows = tiny_run(["kv_cache", "fast"])
+    rows = tiny_run(["kv_cache", "fast"], max_new_tokens=5)
     # the larger of the probes just before and just after each mode
     assert [r["machine_read_gbps"] for r in rows] == [30.0, 40.0]
     assert [r["run_read_gbps"] for r in rows] == [30.0, 30.0]
@@ -359,12 +359,82 @@ def test_each_mode_is_compared_with_the_read_speed_around_it(monkeypatch):
     # each other; the probe around the mode is kept beside it
     assert [r["best_read_gbps"] for r in rows] == [40.0, 40.0]
     assert rows[0]["bandwidth_share"] == pytest.approx(rows[0]["weight_read_gbps"] / 40)
-    local = rows[0]["weight_read_gbps"] / 30
-    assert rows[0]["bandwidth_share_local"] == pytest.approx(local)
     table = benchmark.format_table(rows)
-    assert f"{rows[0]['bandwidth_share']:.0%} ({local:.0%})" in table
+    paired = rows[0]["bandwidth_share_paired"]
+    assert f"| {paired:.0%} ({rows[0]['bandwidth_share']:.0%}) |" in table
     assert "20.0" not in benchmark.describe_bandwidth(rows)
     assert "30.0-40.0 GB/s" in benchmark.describe_bandwidth(rows)
+
+
+def _fake_pairs(monkeypatch, pairs):
+    """time_beside_sum replaced: it still runs the step, then returns the
+    next (step seconds, sum seconds) of `pairs`; the buffer sizes seen."""
+    times, sizes = iter(pairs), []
+
+    def fake(step, buffer, device):
+        step()
+        sizes.append(buffer.numel())
+        return next(times)
+
+    monkeypatch.setattr(benchmark, "time_beside_sum", fake)
+    return sizes
+
+
+def test_paired_share_is_the_median_of_sum_over_step_per_decode_step(monkeypatch):
+    sizes = _fake_pairs(monkeypatch, [(2.0, 1.0), (1.0, 1.0), (4.0, 1.0), (9, 9)])
+    share = benchmark.paired_share(lambda: iter(range(4)), 400, torch.device("cpu"))
+    # token 0 is the prompt's and is not timed; tokens 1-3 give 0.5, 1, 0.25;
+    # the fourth round finds the stream's end and does not count
+    assert share == pytest.approx(0.5)
+    assert sizes == [100] * 4  # float32 over the step's 400 bytes
+
+
+def test_paired_share_stops_after_its_rounds_and_closes_the_stream(monkeypatch):
+    _fake_pairs(monkeypatch, [(1.0, 0.8)] * 5)
+    made, closed = [], []
+
+    def stream():
+        try:
+            for i in range(100):
+                made.append(i)
+                yield i
+        finally:
+            closed.append(True)
+
+    share = benchmark.paired_share(stream, 8, torch.device("cpu"), rounds=5)
+    assert share == pytest.approx(0.8)
+    assert made == list(range(6)) and closed == [True]
+
+
+def test_paired_share_needs_three_steps(monkeypatch):
+    _fake_pairs(monkeypatch, [(1.0, 1.0)] * 3)
+    assert (
+        benchmark.paired_share(lambda: iter(range(3)), 8, torch.device("cpu")) is None
+    )
+
+
+def test_time_beside_sum_times_the_step_then_the_sum():
+    import time
+
+    buffer = torch.ones(1 << 20)
+    step_s, sum_s = benchmark.time_beside_sum(
+        lambda: time.sleep(0.05), buffer, torch.device("cpu")
+    )
+    assert step_s >= 0.05 and 0 < sum_s < 0.05
+
+
+def test_a_mode_without_a_token_stream_has_no_paired_share(monkeypatch):
+    monkeypatch.setattr(benchmark, "measure_read_bandwidth", lambda *a: 30e9)
+    stamps = benchmark._Prepared(lambda: [1.0, 2.0, 3.0], torch.nn.Linear(1, 1))
+    stamps.timer = lambda stream, dev, **kw: {
+        "ttft_s": 0.1,
+        "total_s": 1.0,
+        "tokens": 3,
+    }
+    monkeypatch.setitem(benchmark._PREPARE, "hf", lambda *a: stamps)
+    rows = tiny_run(["hf_static"])
+    assert rows[0]["bandwidth_share_paired"] is None
+    assert "| - (" in benchmark.format_table(rows)
 
 
 # ---------------------------------------------------------------------------

@@ -19,9 +19,12 @@ reported. Decode speed counts the tokens after the first over the time after
 the first, so the prompt is not mixed in (that is the time to first token).
 Next to each mode the machine's memory read speed is probed (`torch.sum` over
 ~1 GiB, just before and after), so the GB/s a mode's weight reads reach can be
-compared with what the memory gives: against the best probe of the run (the
-column to compare across rows) and against the probe around the mode. The
-row fields are listed in `ROW_FIELDS`; the README explains them.
+compared with what the memory gives. Two shares: against the best probe of the
+run (strict, comparable across rows), and against `torch.sum` over the same
+bytes timed right after each token of one more generation (the same moment:
+a shared machine's memory can change speed within a second, so a median over
+seconds is not comparable with a probe's best 30 ms). The row fields are
+listed in `ROW_FIELDS`; the README explains them.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ MODES = (
 )  # fmt: skip
 MODE_BY_NAME = {m.name: m for m in MODES}
 ALL_MODES = tuple(MODE_BY_NAME)
+PAIRED_ROUNDS = 30  # decode steps each timed beside a torch.sum of its bytes
 MODE_NOTES = {m.name: m.note for m in MODES}
 BASELINE_MODE = "kv_cache"
 SLOW_ON_CPU = tuple(m.name for m in MODES if m.slow_on_cpu)
@@ -120,7 +124,7 @@ ROW_FIELDS = (
     "best_read_gbps",
     "run_read_gbps",
     "bandwidth_share",
-    "bandwidth_share_local",
+    "bandwidth_share_paired",
     "peak_mem_bytes",
     "process_peak_mem_bytes",
     "shared_weight_bytes",
@@ -505,6 +509,53 @@ def weight_bytes_per_token(model: torch.nn.Module) -> int:
     return total + (0 if tied else row_bytes)
 
 
+def time_beside_sum(
+    step: Callable[[], Any], buffer: torch.Tensor, device: torch.device
+) -> tuple[float, float]:
+    """(seconds of one `step()`, seconds of one `torch.sum(buffer)` right
+    after it): one round of a step timed beside a pure read of its bytes."""
+    synchronize(device)
+    start = time.perf_counter()
+    step()
+    synchronize(device)
+    mid = time.perf_counter()
+    torch.sum(buffer)
+    synchronize(device)
+    return mid - start, time.perf_counter() - mid
+
+
+def paired_share(
+    stream: Callable[[], Iterable[Any]],
+    nbytes: int,
+    device: torch.device,
+    rounds: int = PAIRED_ROUNDS,
+) -> float | None:
+    """Median over up to `rounds` decode steps of one generation of (step's
+    read speed) / (`torch.sum`'s speed over a buffer of the `nbytes` the step
+    reads, timed right after it): 1.0 is the memory's speed of the moment.
+    None with fewer than 3 steps."""
+    tokens = iter(stream())
+    if next(tokens, None) is None:  # the first token is the prompt's
+        return None
+    buffer = torch.ones(max(nbytes // 4, 1), device=device)
+    torch.sum(buffer)  # page it in
+    end = object()
+    last: list[Any] = [None]
+
+    def step() -> None:
+        last[0] = next(tokens, end)
+
+    ratios = []
+    for _ in range(rounds):
+        step_s, sum_s = time_beside_sum(step, buffer, device)
+        if last[0] is end:
+            break
+        ratios.append(sum_s / max(step_s, 1e-12))
+    if hasattr(tokens, "close"):  # a generator: stop it here
+        tokens.close()
+    return statistics.median(ratios) if len(ratios) >= 3 else None
+
+
 def measure_read_bandwidth(
     device: torch.device, size_bytes: int = 1 << 30, repeats: int = 5
 ) -> float:
@@ -783,8 +834,9 @@ class _Run:
             self.log(
                 f"[benchmark] {name}: {row['tokens_per_sec']:.2f} tok/s, "
                 f"weights read at {row['weight_read_gbps']:.1f} GB/s (read "
-                f"speed around it {row['machine_read_gbps']:.1f} GB/s), "
-                f"warm-up {row['warmup_s']:.1f} s"
+                f"speed around it {row['machine_read_gbps']:.1f} GB/s; "
+                f"{_num(row['bandwidth_share_paired'], '.0%')} of torch.sum "
+                f"at the same moment), warm-up {row['warmup_s']:.1f} s"
             )
         _add_shares(rows)
         _add_ratios(rows)
@@ -821,6 +873,11 @@ class _Run:
         )
         _add_memory(row, prep.model, self.book, mem)
         row["kernel_variant"] = kernel_variant(prep.model)
+        row["bandwidth_share_paired"] = None
+        if prep.timer is _time_stream:  # tokens come one by one
+            row["bandwidth_share_paired"] = paired_share(
+                prep.stream, row["weight_bytes_per_token"], self.dev
+            )
         if warm["tokens"] != self.n:
             row["note"] += f"; produced {warm['tokens']} tokens"
         # Free this mode's copies (compiled graphs, int8 weights) so the
@@ -875,15 +932,12 @@ def _add_memory(row: dict[str, Any], model, book, mem: _PeakMemory) -> None:
 
 def _add_shares(rows: list[dict[str, Any]]) -> None:
     """Each mode's weight-read speed as a share of the best read speed of
-    the run (comparable across rows) and of the probe around it."""
+    the run (strict; comparable across rows)."""
     best = max((r["machine_read_gbps"] for r in rows), default=0.0)
     best = max(best, max((r["run_read_gbps"] for r in rows), default=0.0))
     for row in rows:
         row["best_read_gbps"] = best
         row["bandwidth_share"] = row["weight_read_gbps"] / best
-        row["bandwidth_share_local"] = (
-            row["weight_read_gbps"] / row["machine_read_gbps"]
-        )
 
 
 def _summarise(mode, runs, warmup_s, mem, dev, token_ids) -> dict[str, Any]:
@@ -1002,24 +1056,24 @@ def _spread(row: Mapping[str, Any]) -> str:
 
 
 def _share(row: Mapping[str, Any]) -> str:
-    best, local = row.get("bandwidth_share"), row.get("bandwidth_share_local")
+    paired, best = row.get("bandwidth_share_paired"), row.get("bandwidth_share")
     if best is None:
         return "-"
-    return f"{best:.0%} ({_num(local, '.0%')})"
+    return f"{_num(paired, '.0%')} ({best:.0%})"
 
 
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """A markdown table of the rows: speed (± half the range over the timed
     runs), time to first token, warm-up cold and cached, time to the last
-    token, weight-read GB/s and its share of the run's best read speed (and,
-    in brackets, of the probe around the mode), peak memory, ratio to the
+    token, weight-read GB/s and its share of `torch.sum`'s speed at the same
+    moment (in brackets: of the run's best probe), peak memory, ratio to the
     book's KV-cache mode."""
     n = rows[0]["new_tokens"] if rows else "N"
     header = (
         "| Mode | Tokens/sec (decode, ± spread) | Tokens/sec (end to end) | TTFT (s) "
         "| Warm-up cold / cached (s) "
         f"| To token {n} cold / cached (s) "
-        "| Weights read (GB/s) | Share of best read speed (around it) "
+        "| Weights read (GB/s) | Share of read speed: same moment (best probe) "
         "| Peak memory (GB) | vs kv_cache |"
     )
     lines = [header, "|" + "---|" * 10]

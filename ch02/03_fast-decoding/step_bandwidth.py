@@ -8,9 +8,12 @@ the same moment of a shared, drifting machine.
 Prints per precision the kernel variant the step ran (chosen for this
 machine by utils.fast.tuner, or forced with QWEN3_KERNEL_VARIANTS), the
 median step time, the GB/s it reads and the median of step-speed /
-sum-speed over the rounds (1.00 = at the memory limit).
-The benchmark's share column instead compares a mode's median with the best
-of several 1 GiB probes around it, a stricter figure on a noisy machine.
+sum-speed over the rounds (1.00 = at the memory limit), then that median
+in the slowest, middle and fastest third of the rounds by torch.sum's
+speed (a shared machine's memory changes speed from second to second).
+The benchmark's share column times whole generations the same way (a
+torch.sum after each token) and, in brackets, compares a mode's median with
+the best of several 1 GiB probes, a stricter figure on a noisy machine.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +32,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 def side_by_side(
     models: dict[str, Any], rounds: int = 30, positions: int = 200
-) -> list[dict[str, float | str]]:
+) -> list[dict[str, Any]]:
     """One row per named FastQwen3 (native step in use): median step time,
-    GB/s read, and the median ratio of step speed to `torch.sum` speed over
-    the same bytes, timed alternately within each round."""
-    from utils.benchmark import weight_bytes_per_token
+    GB/s read, the median ratio of step speed to `torch.sum` speed over the
+    same bytes (timed in turn within each round), and that ratio in the
+    slowest, middle and fastest third of the rounds by `torch.sum` speed."""
+    from utils.benchmark import time_beside_sum, weight_bytes_per_token
     from utils.fast import prefill
 
+    cpu = torch.device("cpu")
     prompt = torch.tensor([[1, 2, 3, 4, 5]])
     state = {}
     for name, model in models.items():
@@ -43,35 +48,49 @@ def side_by_side(
         model.setup_cache(1, prompt.shape[1] + positions)
         token, _ = prefill(model, prompt)
         buffer = torch.ones(max(nbytes // 4, 1))
-        state[name] = (model, token, buffer, nbytes, [], [])
+        state[name] = (model, token, buffer, nbytes, [])
     for r in range(rounds + 1):  # round 0 warms up and is not counted
         pos = torch.tensor([prompt.shape[1] + r % positions])
-        for model, token, buffer, _, steps, sums in state.values():
-            start = time.perf_counter()
-            model.decode_step(model, token, pos)
-            mid = time.perf_counter()
-            torch.sum(buffer)
-            end = time.perf_counter()
+        for model, token, buffer, _, pairs in state.values():
+            step = partial(model.decode_step, model, token, pos)
+            pair = time_beside_sum(step, buffer, cpu)
             if r:
-                steps.append(mid - start)
-                sums.append(end - mid)
-    rows = []
-    for name, (model, _, _, nbytes, steps, sums) in state.items():
-        step_s = statistics.median(steps)
-        rows.append(
-            {
-                "mode": name,
-                "variant": model.decode_step.choice.summary(),
-                "gb_per_token": nbytes / 1e9,
-                "step_ms": step_s * 1e3,
-                "step_gbps": nbytes / step_s / 1e9,
-                "sum_gbps": nbytes / statistics.median(sums) / 1e9,
-                "ratio": statistics.median(
-                    s / t for t, s in zip(steps, sums, strict=True)
-                ),
-            }
-        )
-    return rows
+                pairs.append(pair)
+    return [_row(name, *state[name]) for name in state]
+
+
+def _row(name, model, _token, _buffer, nbytes, pairs) -> dict[str, Any]:
+    """The figures of one model from its (step s, sum s) pairs."""
+    step_s = statistics.median(s for s, _ in pairs)
+    return {
+        "mode": name,
+        "variant": model.decode_step.choice.summary(),
+        "gb_per_token": nbytes / 1e9,
+        "step_ms": step_s * 1e3,
+        "step_gbps": nbytes / step_s / 1e9,
+        "sum_gbps": nbytes / statistics.median(t for _, t in pairs) / 1e9,
+        "ratio": statistics.median(t / s for s, t in pairs),
+        "thirds": by_memory_speed(pairs, nbytes),
+    }
+
+
+def by_memory_speed(
+    pairs: list[tuple[float, float]], nbytes: int
+) -> list[tuple[float, float, float]]:
+    """The rounds sorted by `torch.sum`'s speed and cut in three (slowest
+    first): per third, its lowest and highest sum GB/s and the median step /
+    sum ratio. A shared machine's memory changes speed from second to
+    second, and a kernel may keep up in slow moments only."""
+    ordered = sorted(pairs, key=lambda p: -p[1])  # longest sum first
+    cut = [round(len(ordered) * k / 3) for k in range(4)]
+    thirds = []
+    for lo, hi in zip(cut, cut[1:], strict=False):
+        part = ordered[lo:hi]
+        if part:
+            speeds = [nbytes / t / 1e9 for _, t in part]
+            ratio = statistics.median(t / s for s, t in part)
+            thirds.append((min(speeds), max(speeds), ratio))
+    return thirds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['step_ms']:.1f} | {r['step_gbps']:.1f} | {r['sum_gbps']:.1f} | "
             f"{r['ratio']:.2f} |"
         )
+    print("\nThe rounds in thirds by torch.sum's speed (GB/s): step / sum")
+    print("| step | slowest third | middle third | fastest third |")
+    print("|---|---|---|---|")
+    for r in rows:
+        cells = [f"{lo:.0f}-{hi:.0f}: {ratio:.2f}" for lo, hi, ratio in r["thirds"]]
+        print(f"| {r['mode']} | " + " | ".join(cells) + " |")
     return 0
 
 

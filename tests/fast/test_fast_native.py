@@ -340,15 +340,20 @@ def test_new_weights_renew_the_step_and_old_ones_stay_alive():
     assert sum(a == b for a, b in zip(got, want, strict=True)) >= 10
 
 
-def test_step_bandwidth_script_times_each_step_next_to_a_sum():
+def _step_bandwidth_script():
     import importlib.util
-
-    from utils.benchmark import weight_bytes_per_token
 
     path = BONUS / "step_bandwidth.py"
     spec = importlib.util.spec_from_file_location("step_bandwidth", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_step_bandwidth_script_times_each_step_next_to_a_sum():
+    from utils.benchmark import weight_bytes_per_token
+
+    script = _step_bandwidth_script()
     sd = tiny_state_dict(21, BF16)
     bf16, int8 = native(sd), quantize_int8(FastQwen3.from_state_dict(BF16, sd))
     assert int8.use_native_step()
@@ -361,11 +366,30 @@ def test_step_bandwidth_script_times_each_step_next_to_a_sum():
         assert row["step_gbps"] == pytest.approx(
             row["gb_per_token"] / row["step_ms"] * 1e3
         )
+        assert [len(t) for t in row["thirds"]] == [3, 3, 3]  # 4 rounds: 1+2+1
         # steps ran at the prompt's next 3 positions, in the model's cache
         cache = model.trf_blocks[0].att.k_cache[0, 0]
         assert cache[5:8].abs().sum(dim=-1).gt(0).all()
         assert not cache[8:].any()
     assert rows[1]["gb_per_token"] < 0.6 * rows[0]["gb_per_token"]
+
+
+def test_step_bandwidth_splits_the_rounds_by_the_sums_speed():
+    """Thirds by torch.sum's speed, slowest first: each with its speed range
+    and its own median step / sum ratio."""
+    by_speed = _step_bandwidth_script().by_memory_speed
+    # (step s, sum s) over 1 GB: sums at 10, 20 and 50 GB/s, two each, in
+    # mixed order; the step keeps up at 10 GB/s only
+    pairs = [(0.04, 0.02), (0.1, 0.1), (0.06, 0.05), (0.1, 0.1),
+             (0.04, 0.02), (0.06, 0.05)]  # fmt: skip
+    thirds = by_speed(pairs, 10**9)
+    assert [(round(lo), round(hi)) for lo, hi, _ in thirds] == [
+        (10, 10),
+        (20, 20),
+        (50, 50),
+    ]
+    assert [r for _, _, r in thirds] == pytest.approx([1.0, 0.05 / 0.06, 0.5])
+    assert len(by_speed(pairs[:2], 10**9)) == 2  # no empty third
 
 
 def test_a_library_with_another_table_layout_is_refused(monkeypatch, capsys):
