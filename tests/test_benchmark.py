@@ -84,7 +84,7 @@ def test_rows_report_bandwidth_and_time_to_last_token(rows):
             expected * r["tokens_per_sec"] / 1e9
         )
         # every mode here streams its tokens: each has a same-moment share
-        assert r["bandwidth_share_paired"] > 0, r["mode"]
+        assert r["bandwidth_share_paired"] > 0 and r["paired_read_gbps"] > 0
         best = r["best_read_gbps"]  # the best probe of the run: one for all rows
         assert best >= machine and best == rows[0]["best_read_gbps"]
         assert r["bandwidth_share"] == pytest.approx(r["weight_read_gbps"] / best)
@@ -364,6 +364,8 @@ def test_each_mode_is_compared_with_the_read_speed_around_it(monkeypatch):
     assert f"| {paired:.0%} ({rows[0]['bandwidth_share']:.0%}) |" in table
     assert "20.0" not in benchmark.describe_bandwidth(rows)
     assert "30.0-40.0 GB/s" in benchmark.describe_bandwidth(rows)
+    moment = f"torch.sum at {rows[0]['paired_read_gbps']:.1f} GB/s"
+    assert moment in benchmark.describe_bandwidth(rows).splitlines()[1]
 
 
 def _fake_pairs(monkeypatch, pairs):
@@ -382,10 +384,13 @@ def _fake_pairs(monkeypatch, pairs):
 
 def test_paired_share_is_the_median_of_sum_over_step_per_decode_step(monkeypatch):
     sizes = _fake_pairs(monkeypatch, [(2.0, 1.0), (1.0, 1.0), (4.0, 1.0), (9, 9)])
-    share = benchmark.paired_share(lambda: iter(range(4)), 400, torch.device("cpu"))
+    share, gbps = benchmark.paired_share(
+        lambda: iter(range(4)), 400, torch.device("cpu")
+    )
     # token 0 is the prompt's and is not timed; tokens 1-3 give 0.5, 1, 0.25;
     # the fourth round finds the stream's end and does not count
     assert share == pytest.approx(0.5)
+    assert gbps == pytest.approx(400 / 1.0 / 1e9)  # the sums' median: 1 s
     assert sizes == [100] * 4  # float32 over the step's 400 bytes
 
 
@@ -401,7 +406,7 @@ def test_paired_share_stops_after_its_rounds_and_closes_the_stream(monkeypatch):
         finally:
             closed.append(True)
 
-    share = benchmark.paired_share(stream, 8, torch.device("cpu"), rounds=5)
+    share, _ = benchmark.paired_share(stream, 8, torch.device("cpu"), rounds=5)
     assert share == pytest.approx(0.8)
     assert made == list(range(6)) and closed == [True]
 
@@ -433,7 +438,7 @@ def test_a_mode_without_a_token_stream_has_no_paired_share(monkeypatch):
     }
     monkeypatch.setitem(benchmark._PREPARE, "hf", lambda *a: stamps)
     rows = tiny_run(["hf_static"])
-    assert rows[0]["bandwidth_share_paired"] is None
+    assert rows[0]["bandwidth_share_paired"] is rows[0]["paired_read_gbps"] is None
     assert "| - (" in benchmark.format_table(rows)
 
 

@@ -125,6 +125,7 @@ ROW_FIELDS = (
     "run_read_gbps",
     "bandwidth_share",
     "bandwidth_share_paired",
+    "paired_read_gbps",
     "peak_mem_bytes",
     "process_peak_mem_bytes",
     "shared_weight_bytes",
@@ -529,11 +530,12 @@ def paired_share(
     nbytes: int,
     device: torch.device,
     rounds: int = PAIRED_ROUNDS,
-) -> float | None:
-    """Median over up to `rounds` decode steps of one generation of (step's
-    read speed) / (`torch.sum`'s speed over a buffer of the `nbytes` the step
-    reads, timed right after it): 1.0 is the memory's speed of the moment.
-    None with fewer than 3 steps."""
+) -> tuple[float, float] | None:
+    """(share, GB/s): over up to `rounds` decode steps of one generation,
+    the median of (step's read speed) / (`torch.sum`'s speed over a buffer
+    of the `nbytes` the step reads, timed right after it), 1.0 being the
+    memory's speed of the moment, and the median speed of those sums (the
+    moment it was measured in). None with fewer than 3 steps."""
     tokens = iter(stream())
     if next(tokens, None) is None:  # the first token is the prompt's
         return None
@@ -545,15 +547,18 @@ def paired_share(
     def step() -> None:
         last[0] = next(tokens, end)
 
-    ratios = []
+    ratios, sums = [], []
     for _ in range(rounds):
         step_s, sum_s = time_beside_sum(step, buffer, device)
         if last[0] is end:
             break
         ratios.append(sum_s / max(step_s, 1e-12))
+        sums.append(sum_s)
     if hasattr(tokens, "close"):  # a generator: stop it here
         tokens.close()
-    return statistics.median(ratios) if len(ratios) >= 3 else None
+    if len(ratios) < 3:
+        return None
+    return statistics.median(ratios), nbytes / statistics.median(sums) / 1e9
 
 
 def measure_read_bandwidth(
@@ -836,7 +841,9 @@ class _Run:
                 f"weights read at {row['weight_read_gbps']:.1f} GB/s (read "
                 f"speed around it {row['machine_read_gbps']:.1f} GB/s; "
                 f"{_num(row['bandwidth_share_paired'], '.0%')} of torch.sum "
-                f"at the same moment), warm-up {row['warmup_s']:.1f} s"
+                f"at the same moment, when it read at "
+                f"{_num(row['paired_read_gbps'], '.1f')} GB/s), "
+                f"warm-up {row['warmup_s']:.1f} s"
             )
         _add_shares(rows)
         _add_ratios(rows)
@@ -873,11 +880,10 @@ class _Run:
         )
         _add_memory(row, prep.model, self.book, mem)
         row["kernel_variant"] = kernel_variant(prep.model)
-        row["bandwidth_share_paired"] = None
+        paired = None
         if prep.timer is _time_stream:  # tokens come one by one
-            row["bandwidth_share_paired"] = paired_share(
-                prep.stream, row["weight_bytes_per_token"], self.dev
-            )
+            paired = paired_share(prep.stream, row["weight_bytes_per_token"], self.dev)
+        row["bandwidth_share_paired"], row["paired_read_gbps"] = paired or (None, None)
         if warm["tokens"] != self.n:
             row["note"] += f"; produced {warm['tokens']} tokens"
         # Free this mode's copies (compiled graphs, int8 weights) so the
@@ -1109,9 +1115,15 @@ def describe_bandwidth(rows: Sequence[Mapping[str, Any]]) -> str:
         if r.get("weight_bytes_per_token"):
             per_token = r["weight_bytes_per_token"] / 1e9
             gbps = r["machine_read_gbps"]
+            paired = r.get("paired_read_gbps")
+            moment = (
+                ""
+                if paired is None
+                else f"; its same-moment share with torch.sum at {paired:.1f} GB/s"
+            )
             parts.append(
                 f"{r['mode']} reads {per_token:.2f} GB/token "
-                f"(limit {gbps / per_token:.0f} tok/s at {gbps:.1f} GB/s)"
+                f"(limit {gbps / per_token:.0f} tok/s at {gbps:.1f} GB/s{moment})"
             )
     return "; ".join(parts[:1]) + ".\n" + "\n".join(parts[1:])
 
