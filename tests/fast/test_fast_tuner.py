@@ -13,15 +13,19 @@ import pytest
 import torch
 
 import utils.fast.build as build
+import utils.fast.tuner as tuner
 from tests.tiny import tiny_config, tiny_state_dict
 from utils.fast import FastQwen3
 from utils.fast.kernels import Kernels
 from utils.fast.tuner import (
     ROUNDS,
+    SETTLE_TUNINGS,
     LoadProbe,
     cache_path,
     choose_variants,
     decide,
+    fastest_rounds,
+    settle,
     tune,
 )
 
@@ -53,6 +57,33 @@ def test_decide_takes_the_fastest_not_the_fastest_in_cache():
     assert decide(ratios, "default") == "eo"
     ratios["wide"] = [0.90, 0.91, 0.90]
     assert decide(ratios, "default") == "wide"
+
+
+def test_the_rounds_with_the_fastest_memory_decide():
+    paces = [1.0, 1.5, 1.1, 1.6, 1.05]
+    assert fastest_rounds(paces, window=0.15, least=2) == [0, 2, 4]
+    assert fastest_rounds(paces, window=0.15, least=4) == [0, 1, 2, 4]
+    assert fastest_rounds([], least=3) == []
+    # slow rounds tie, fast ones favour "wide": over all rounds the default
+    # would stay (median 1.0), over the fast ones "wide" is 10 % faster
+    slow = [(0.040, {"default": 1.0, "wide": 1.0 + d}) for d in (0, 0.01, -0.01)]
+    fast = [(0.020, {"default": 1.0, "wide": 0.90})] * 8
+    rounds = slow * 4 + fast
+    assert decide({"default": [1.0] * 20, "wide": [1.0] * 12 + [0.9] * 8},
+                  "default") == "default"  # fmt: skip
+    name, settled, medians, used = settle(rounds, "default", tunings=1)
+    assert (name, settled, used) == ("wide", True, 8)
+    assert medians["wide"] == pytest.approx(0.90)
+
+
+def test_a_tie_is_final_only_after_the_last_load_that_times():
+    tie = [(0.040, {"default": 1.0, "a": 0.99, "b": 1.01})] * 10
+    for tunings in range(1, SETTLE_TUNINGS):
+        assert settle(tie, "default", tunings)[:2] == ("default", False)
+    assert settle(tie, "default", SETTLE_TUNINGS)[:2] == ("default", True)
+    # the default measurably fastest: final at once
+    behind = [(0.040, {"default": 1.0, "a": 1.05, "b": 1.08})] * 10
+    assert settle(behind, "default", 1)[:2] == ("default", True)
 
 
 class FakeProbe(LoadProbe):
@@ -151,7 +182,9 @@ def own_kernels(_module_kernels):
     folder = _module_kernels.path.parent
     for old in folder.glob("variants_*"):
         old.unlink()
+    tuner._TIMED.clear()
     yield _module_kernels
+    tuner._TIMED.clear()
     folder.chmod(0o700)
 
 
@@ -204,6 +237,62 @@ def test_the_choice_is_timed_once_then_cached_with_a_record(own_kernels, capsys)
     third = choose(own_kernels, calls, probe=FakeProbe())
     assert third.how == "tuned" and len(calls) > timed
     assert third.variants["exact"].name == "bf16_exact_avx2_eo"
+
+
+def test_a_tie_is_timed_again_at_later_loads_until_one_variant_leads(
+    own_kernels, capsys
+):
+    # memory slow at the first two loads (every variant alike), fast at the
+    # third (there bf16_exact_avx512 takes 0.9 of the default's time)
+    slow = {n: 0.040 for n in EXACT}
+    fast = {n: 0.020 for n in EXACT} | {"bf16_exact_avx512": 0.018}
+    path = cache_path(own_kernels, "s", 2)
+    calls: list[str] = []
+    for load, seconds in enumerate((slow, slow, fast), start=1):
+        timer = names_timer(seconds, calls)
+        choice = choose_variants(
+            own_kernels, ("exact",), timer, "s", 2, setting="", probe=FakeProbe()
+        )
+        err = capsys.readouterr().err
+        record = json.loads(path.read_text())
+        assert choice.how == "tuned" and record["tunings"] == load
+        assert len(record["rounds"]["exact"]) == load * ROUNDS  # pooled
+        if load < 3:
+            assert choice.variants["exact"].name == "bf16_exact_avx2"
+            assert not record["settled"] and "undecided" in err
+            timed = len(calls)  # another native step in the same process
+            again = choose_variants(own_kernels, ("exact",), timer, "s", 2,
+                                    setting="", probe=FakeProbe())  # fmt: skip
+            assert again is choice and len(calls) == timed
+            tuner._TIMED.clear()  # the next load is another process
+    # over all 60 rounds the median ratio ties (40 of them slow); the fast
+    # rounds decide
+    assert choice.variants["exact"].name == "bf16_exact_avx512"
+    assert record["settled"] and "pooled over 3 loads" in err
+    assert record["evidence"]["exact"]["decided_rounds"] == ROUNDS
+    timed = len(calls)
+    cached = choose(own_kernels, calls, probe=FakeProbe())
+    assert cached.how == "cached" and len(calls) == timed
+    assert cached.variants["exact"].name == "bf16_exact_avx512"
+
+
+def test_ties_settle_on_the_default_and_retune_starts_afresh(own_kernels, capsys):
+    tie = {n: 0.040 for n in EXACT}
+    path = cache_path(own_kernels, "s", 2)
+    for _ in range(SETTLE_TUNINGS):
+        tuner._TIMED.clear()
+        choice = choose_variants(own_kernels, ("exact",), names_timer(tie, []),
+                                 "s", 2, setting="", probe=FakeProbe())  # fmt: skip
+    assert choice.variants["exact"].name == "bf16_exact_avx2"
+    assert json.loads(path.read_text())["settled"]
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "undecided" not in last and "pooled over 3 loads" in last
+    tuner._TIMED.clear()
+    assert choose(own_kernels, [], probe=FakeProbe()).how == "cached"
+    fresh = choose(own_kernels, [], setting="retune", probe=FakeProbe())
+    assert fresh.variants["exact"].name == "bf16_exact_avx2_eo"
+    record = json.loads(path.read_text())
+    assert record["tunings"] == 1 and len(record["rounds"]["exact"]) == ROUNDS
 
 
 def test_a_choice_made_under_load_is_not_cached(own_kernels, capsys):

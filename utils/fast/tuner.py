@@ -1,4 +1,4 @@
-"""Which kernel variant the native step runs: measured once per machine.
+"""Which kernel variant the native step runs: measured on each machine.
 
 Why measure: which kernel reads the weights fastest depends on the CPU's
 cores and on its memory (AVX-512 forms have compute to spare, which pays
@@ -19,12 +19,21 @@ wall time (a descheduled thread shows as missing CPU time) and, where
 fewer than 3 clean rounds the default is kept and nothing is cached.
 Decision (`decide`): the candidate with the lowest median ratio, unless
 the default's median is within `margin` of it (the reference kernel is
-kept where the others are not measurably faster). The cache-resident speed
-of each candidate (`hot_rate`) is recorded with the choice but does not
-decide: it does not predict the streamed speed. On a 2-core Zen 5 VM the
-AVX-512 forms read cached weights 3-4x faster than the AVX2 ones, yet in
-whole steps with 55-60 GB/s memory `bf16_exact_avx512_s2` (a two-section
-form since dropped) ran at 0.76-0.80 of torch.sum where
+kept where the others are not measurably faster). Only the rounds in which
+the memory ran fastest count (`fastest_rounds`: a round's pace is the
+geometric mean of all its passes, the default's luck weighing no more in
+it than any other candidate's, so rounds are picked for the memory): the
+variants differ when the memory streams fast and tie when it is slow, and
+a shared machine's memory changes speed from minute to minute. A tie is
+not final (`settle`): the rounds are kept with the choice and the next
+load times again, pooling its rounds with the earlier ones, until one
+variant is measurably fastest or `SETTLE_TUNINGS` loads have timed.
+The cache-resident speed of each candidate (`hot_rate`) is recorded with
+the choice but does not decide: it does not predict the streamed speed.
+On a 2-core Zen 5 VM the AVX-512 forms read cached weights 3-4x faster
+than the AVX2 ones, yet in whole steps with 55-60 GB/s memory
+`bf16_exact_avx512_s2` (a two-section form since dropped) ran at
+0.76-0.80 of torch.sum where
 `bf16_exact_avx2_eo`, 2 % ahead of it in the tuner's timing, ran at
 0.88-0.91 (and `int8_avx512vnni` at 0.71 where `int8_avx512vnni_s2` ran
 at 0.80); a tie-break by that speed had picked the slower ones.
@@ -61,17 +70,20 @@ __all__ = [
     "BUDGET_S",
     "ENV",
     "ROUNDS",
+    "SETTLE_TUNINGS",
     "Choice",
     "LoadProbe",
     "Tuning",
     "choose_variants",
     "decide",
+    "fastest_rounds",
     "hot_rate",
+    "settle",
     "tune",
 ]
 
 ENV = "QWEN3_KERNEL_VARIANTS"
-VERSION = 3  # of the cached record and of the rules above
+VERSION = 4  # of the cached record and of the rules above
 # Clean rounds to time, and the seconds allowed for them: one round's ratio
 # to the default scatters by +-5-8 % on a shared machine, so 5 rounds (the
 # first setting) often picked a variant slower over the long run (numbers
@@ -79,6 +91,15 @@ VERSION = 3  # of the cached record and of the rules above
 # variants on 2 cores, once per machine and build.
 ROUNDS = 20
 BUDGET_S = 12.0
+# Loads that time the variants while they tie (a choice made in a slow
+# minute): on a 2-core Zen 4 VM all bf16 variants timed within 3 % of the
+# default at 33-53 GB/s, while at 57 GB/s `bf16_exact_avx512` took 0.91 of
+# its time and whole steps read at 0.95 of torch.sum against 0.84.
+SETTLE_TUNINGS = 3
+# The rounds that decide: those within FAST_WINDOW of the fastest pace
+# pooled so far, at least MIN_FAST of them.
+FAST_WINDOW = 0.15
+MIN_FAST = 8
 
 
 @dataclass
@@ -152,9 +173,22 @@ class Tuning:
     seconds: float
     reason: str | None = None
     short: bool = False  # a pass too short to time: nothing was measured
+    paces: list[float] = field(default_factory=list)  # per clean round
 
     def medians(self) -> dict[str, float]:
         return {n: statistics.median(r) for n, r in self.ratios.items() if r}
+
+    def pooled(self) -> list[Round]:
+        """The clean rounds as (pace, {name: time ratio}) pairs."""
+        return [
+            (pace, {n: r[i] for n, r in self.ratios.items()})
+            for i, pace in enumerate(self.paces)
+        ]
+
+
+# one clean round: its pace (geometric mean of its pass times, seconds) and
+# each candidate's time divided by the default's
+Round = tuple[float, dict[str, float]]
 
 
 def decide(
@@ -168,6 +202,37 @@ def decide(
         return default
     best = min(medians, key=lambda n: (medians[n], n != default))
     return default if medians[default] <= medians[best] + margin else best
+
+
+def fastest_rounds(
+    paces: Sequence[float], window: float = FAST_WINDOW, least: int = MIN_FAST
+) -> list[int]:
+    """Indices (in order) of the rounds whose pace is within `window` of
+    the fastest, or of the `least` fastest where fewer are: the rounds in
+    which the memory streamed fastest."""
+    order = sorted(range(len(paces)), key=paces.__getitem__)
+    if not order:
+        return []
+    limit = paces[order[0]] * (1 + window)
+    near = sum(1 for i in order if paces[i] <= limit)
+    return sorted(order[: max(near, least)])
+
+
+def settle(
+    rounds: Sequence[Round], default: str, tunings: int, margin: float = 0.03
+) -> tuple[str, bool, dict[str, float], int]:
+    """`decide` over the pooled rounds in which the memory ran fastest.
+    Returns the choice, whether it is final (a variant measurably fastest
+    there, the default included, or `SETTLE_TUNINGS` loads timed), the
+    medians it used and how many rounds."""
+    keep = fastest_rounds([pace for pace, _ in rounds])
+    names = rounds[keep[0]][1] if keep else {}
+    ratios = {n: [rounds[i][1][n] for i in keep] for n in names}
+    choice = decide(ratios, default, margin)
+    medians = {n: statistics.median(r) for n, r in ratios.items() if r}
+    others = [m for n, m in medians.items() if n != default]
+    clear = choice != default or all(m > 1 + margin for m in others)
+    return choice, clear or tunings >= SETTLE_TUNINGS, medians, len(keep)
 
 
 def tune(
@@ -190,6 +255,7 @@ def tune(
     probe = probe or LoadProbe()
     names = list(dict.fromkeys([default, *candidates]))
     ratios: dict[str, list[float]] = {n: [] for n in names}
+    paces: list[float] = []
     start, clean, r = time.perf_counter(), 0, 0
     while clean < rounds and time.perf_counter() - start < budget_s:
         if r >= 4 and clean == 0:
@@ -206,13 +272,14 @@ def tune(
             clean += 1
             for n in names:
                 ratios[n].append(times[n] / times[default])
+            paces.append(statistics.geometric_mean(times.values()))
         r += 1
     seconds = time.perf_counter() - start
     if clean < 3:
         reason = f"{clean} of {r} rounds undisturbed by other processes"
-        return Tuning(default, ratios, clean, r, seconds, reason)
+        return Tuning(default, ratios, clean, r, seconds, reason, paces=paces)
     choice = decide(ratios, default, margin)
-    return Tuning(choice, ratios, clean, r, seconds)
+    return Tuning(choice, ratios, clean, r, seconds, paces=paces)
 
 
 def hot_rate(kernels: Kernels, variant: Variant, reps: int = 200) -> float:
@@ -278,34 +345,57 @@ def cache_path(kernels: Kernels, shapes: str, threads: int) -> Path:
     return kernels.path.with_name(f"variants_{digest}.json")
 
 
-def load_choice(
-    path: Path, usable: Mapping[str, Sequence[Variant]]
-) -> dict[str, Variant] | None:
-    """The cached {class: name} at `path` if its record verifies and every
-    name is a usable variant of its class; else None (tuned again)."""
+@dataclass
+class Record:
+    """A cached choice: the variant per class, whether it is final, how many
+    loads have timed, and their pooled rounds per class."""
+
+    variants: dict[str, Variant]
+    settled: bool = True
+    tunings: int = 1
+    rounds: dict[str, list[Round]] = field(default_factory=dict)
+
+
+def load_choice(path: Path, usable: Mapping[str, Sequence[Variant]]) -> Record | None:
+    """The cached record at `path` if it verifies and every name is a
+    usable variant of its class; else None (tuned again)."""
     if not build.verified(path):
         return None
     try:
         data = json.loads(path.read_text())
         names = dict(data["variants"])
-    except (OSError, ValueError, KeyError, TypeError):
+        rounds = {
+            c: [(float(p), {n: float(r) for n, r in rs.items()}) for p, rs in v]
+            for c, v in data.get("rounds", {}).items()
+        }
+        settled, tunings = bool(data["settled"]), int(data["tunings"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     by_name = {v.name: v for vs in usable.values() for v in vs}
     ok = all(
         by_name.get(n) is not None and by_name[n].cls == c for c, n in names.items()
     )
-    return {c: by_name[n] for c, n in names.items()} if ok else None
+    if not ok:
+        return None
+    variants = {c: by_name[n] for c, n in names.items()}
+    return Record(variants, settled, tunings, rounds)
 
 
-def save_choice(path: Path, variants: Mapping[str, Variant], evidence: dict) -> None:
+def save_choice(path: Path, record: Record, evidence: dict) -> None:
     """Write the choice: a fresh file renamed into place, then its record;
     a folder that is not private is refused (nothing written)."""
     build.check_private_dir(path.parent)
     data = {
         "version": VERSION,
-        "variants": {c: v.name for c, v in variants.items()},
+        "variants": {c: v.name for c, v in record.variants.items()},
+        "settled": record.settled,
+        "tunings": record.tunings,
         "evidence": evidence,
         "cpu": _cpu_name(),
+        "rounds": {
+            c: [[round(p, 7), {n: round(r, 5) for n, r in rs.items()}] for p, rs in v]
+            for c, v in record.rounds.items()
+        },
     }
     blob = (json.dumps(data, indent=1) + "\n").encode()
     atomic_write_bytes(path, blob)
@@ -375,16 +465,34 @@ def choose_variants(
         return Choice(defaults, "default")
     path = cache_path(kernels, shapes, threads)
     cached = None if setting == "retune" else load_choice(path, usable)
-    if cached is not None and set(cached) == set(classes):
-        return Choice(cached, "cached")
-    return _tune_classes(kernels, classes, usable, time_pass, threads, probe, path)
+    if cached is not None and set(cached.variants) != set(classes):
+        cached = None
+    if cached is not None and cached.settled:
+        return Choice(cached.variants, "cached")
+    if cached is not None and path in _TIMED:  # undecided, timed this process
+        return _TIMED[path]
+    choice = _tune_classes(
+        kernels, classes, usable, time_pass, threads, probe, path, cached
+    )
+    _TIMED[path] = choice
+    return choice
 
 
-def _tune_classes(kernels, classes, usable, time_pass, threads, probe, path) -> Choice:
-    """Tune each class in turn (the others at their defaults); cache the
-    result when every class was measured cleanly; one line on stderr
-    (none for a model too small to time: it keeps the defaults)."""
+# undecided choices timed in this process: the next load times again, not
+# the next native step made in the same process
+_TIMED: dict[Path, Choice] = {}
+
+
+def _tune_classes(
+    kernels, classes, usable, time_pass, threads, probe, path, prior
+) -> Choice:
+    """Tune each class in turn (the others at their defaults), pooling the
+    rounds with those of `prior` (an undecided record); cache the result
+    when every class was measured cleanly; one line on stderr (none for a
+    model too small to time: it keeps the defaults)."""
     chosen = {c: usable[c][0] for c in classes}
+    tunings = prior.tunings + 1 if prior else 1
+    record = Record(chosen, True, tunings)
     evidence: dict[str, Any] = {}
     untuned, short = [], []
     for cls in classes:
@@ -403,21 +511,33 @@ def _tune_classes(kernels, classes, usable, time_pass, threads, probe, path) -> 
             if result.reason
             else {n: hot_rate(kernels, v) for n, v in by_name.items()}
         )
-        chosen[cls] = by_name[result.choice]
         evidence[cls] = _evidence(result, hot)
         if result.reason:
             (short if result.short else untuned).append(f"{cls}: {result.reason}")
+            continue
+        earlier = prior.rounds.get(cls, []) if prior else []
+        pool = [r for r in earlier if set(r[1]) == set(by_name)]
+        pool = (pool + result.pooled())[-SETTLE_TUNINGS * ROUNDS :]
+        name, settled, medians, used = settle(pool, default, tunings)
+        chosen[cls] = by_name[name]
+        record.rounds[cls] = pool
+        record.settled = record.settled and settled
+        evidence[cls].update(
+            decided_by={n: round(m, 4) for n, m in medians.items()},
+            decided_rounds=used,
+            pooled_rounds=len(pool),
+        )
     if short and not untuned and len(short) == len(evidence):
         return Choice(chosen, "default", evidence)
     choice = Choice(chosen, "untuned" if untuned or short else "tuned", evidence)
     if choice.how == "tuned":
         try:
-            save_choice(path, chosen, evidence)
+            save_choice(path, record, evidence)
         except (OSError, RuntimeError):
             pass  # the choice holds for this process; tuned again next time
     print(
         f"utils.fast: kernel variants timed on this machine ({threads} threads): "
-        + _describe(choice, untuned + short),
+        + _describe(choice, untuned + short, record),
         file=sys.stderr,
     )
     return choice
@@ -434,20 +554,31 @@ def _evidence(result: Tuning, hot: Mapping[str, float]) -> dict[str, Any]:
     }
 
 
-def _describe(choice: Choice, untuned: list[str]) -> str:
+def _describe(choice: Choice, untuned: list[str], record: Record) -> str:
     parts = []
     for cls, v in choice.variants.items():
         ev = choice.evidence.get(cls)
-        if ev and ev["time_vs_default"]:
-            times = ", ".join(f"{n} {m:.3f}" for n, m in ev["time_vs_default"].items())
+        medians = (ev or {}).get("decided_by")
+        if medians:
+            times = ", ".join(f"{n} {m:.3f}" for n, m in medians.items())
             parts.append(
-                f"{cls}: {v.name} (time / default: {times}; "
-                f"{ev['clean_rounds']} clean rounds, {ev['seconds']:.1f} s)"
+                f"{cls}: {v.name} (time / default in the rounds with the "
+                f"fastest memory: {times}; {ev['decided_rounds']} of "
+                f"{ev['pooled_rounds']} rounds; this load {ev['clean_rounds']} "
+                f"clean rounds, {ev['seconds']:.1f} s)"
             )
     if untuned:
         parts.append(
             "the defaults kept where it could not measure cleanly ("
             + "; ".join(untuned)
             + "), nothing cached"
+        )
+    elif record.tunings > 1:
+        parts.append(f"rounds pooled over {record.tunings} loads")
+    if not untuned and not record.settled:
+        left = SETTLE_TUNINGS - record.tunings
+        parts.append(
+            "undecided: the variants tie in this minute's memory speed; "
+            f"timed again at the next load ({left} more at most)"
         )
     return "; ".join(parts)
