@@ -173,17 +173,15 @@ class Tuning:
     seconds: float
     reason: str | None = None
     short: bool = False  # a pass too short to time: nothing was measured
-    paces: list[float] = field(default_factory=list)  # per clean round
+    # the rounds the choice was decided over (earlier loads' and these), and
+    # what `settle` made of them
+    pool: list[Round] = field(default_factory=list)
+    settled: bool = True
+    decided_by: dict[str, float] = field(default_factory=dict)
+    decided_rounds: int = 0
 
     def medians(self) -> dict[str, float]:
         return {n: statistics.median(r) for n, r in self.ratios.items() if r}
-
-    def pooled(self) -> list[Round]:
-        """The clean rounds as (pace, {name: time ratio}) pairs."""
-        return [
-            (pace, {n: r[i] for n, r in self.ratios.items()})
-            for i, pace in enumerate(self.paces)
-        ]
 
 
 # one clean round: its pace (geometric mean of its pass times, seconds) and
@@ -245,10 +243,14 @@ def tune(
     budget_s: float = BUDGET_S,
     margin: float = 0.03,
     min_pass_s: float = 0.002,
+    earlier: Sequence[Round] = (),
+    tunings: int = 1,
 ) -> Tuning:
     """Time `candidates` (the default among them) with `time_pass(name)` ->
     seconds of one pass over the model's products, in rotated rounds, and
-    `decide`; see the module docstring. Keeps the
+    `settle` over them pooled with the `earlier` rounds of an undecided
+    record (this being load number `tunings`); see the module docstring.
+    Keeps the
     default, with a reason, when a pass is too short to time (under
     `min_pass_s`: a small model), when the first 4 rounds are all disturbed
     or when the budget ends before 3 clean rounds."""
@@ -277,9 +279,15 @@ def tune(
     seconds = time.perf_counter() - start
     if clean < 3:
         reason = f"{clean} of {r} rounds undisturbed by other processes"
-        return Tuning(default, ratios, clean, r, seconds, reason, paces=paces)
-    choice = decide(ratios, default, margin)
-    return Tuning(choice, ratios, clean, r, seconds, paces=paces)
+        return Tuning(default, ratios, clean, r, seconds, reason)
+    own = [(p, {n: ratios[n][i] for n in names}) for i, p in enumerate(paces)]
+    pool = [old for old in earlier if set(old[1]) == set(names)] + own
+    pool = pool[-SETTLE_TUNINGS * rounds :]
+    choice, settled, medians, used = settle(pool, default, tunings, margin)
+    return Tuning(
+        choice, ratios, clean, r, seconds,
+        pool=pool, settled=settled, decided_by=medians, decided_rounds=used,
+    )  # fmt: skip
 
 
 def hot_rate(kernels: Kernels, variant: Variant, reps: int = 200) -> float:
@@ -351,8 +359,8 @@ class Record:
     loads have timed, and their pooled rounds per class."""
 
     variants: dict[str, Variant]
-    settled: bool = True
-    tunings: int = 1
+    settled: bool
+    tunings: int
     rounds: dict[str, list[Round]] = field(default_factory=dict)
 
 
@@ -504,29 +512,24 @@ def _tune_classes(
             return time_pass({**chosen, cls: by_name[name]})
 
         default = usable[cls][0].name
-        result = tune(one_pass, list(by_name), default, threads, probe)
+        earlier = prior.rounds.get(cls, []) if prior else []
+        result = tune(
+            one_pass, list(by_name), default, threads, probe,
+            earlier=earlier, tunings=tunings,
+        )  # fmt: skip
         # recorded beside the choice, not used by it (module docstring)
         hot = (
             {}
             if result.reason
             else {n: hot_rate(kernels, v) for n, v in by_name.items()}
         )
+        chosen[cls] = by_name[result.choice]
         evidence[cls] = _evidence(result, hot)
         if result.reason:
             (short if result.short else untuned).append(f"{cls}: {result.reason}")
             continue
-        earlier = prior.rounds.get(cls, []) if prior else []
-        pool = [r for r in earlier if set(r[1]) == set(by_name)]
-        pool = (pool + result.pooled())[-SETTLE_TUNINGS * ROUNDS :]
-        name, settled, medians, used = settle(pool, default, tunings)
-        chosen[cls] = by_name[name]
-        record.rounds[cls] = pool
-        record.settled = record.settled and settled
-        evidence[cls].update(
-            decided_by={n: round(m, 4) for n, m in medians.items()},
-            decided_rounds=used,
-            pooled_rounds=len(pool),
-        )
+        record.rounds[cls] = result.pool
+        record.settled = record.settled and result.settled
     if short and not untuned and len(short) == len(evidence):
         return Choice(chosen, "default", evidence)
     choice = Choice(chosen, "untuned" if untuned or short else "tuned", evidence)
@@ -548,6 +551,9 @@ def _evidence(result: Tuning, hot: Mapping[str, float]) -> dict[str, Any]:
     return {
         "time_vs_default": {n: round(m, 4) for n, m in result.medians().items()},
         "hot_gb_s": {n: round(h / 1e9, 1) for n, h in hot.items()},
+        "decided_by": {n: round(m, 4) for n, m in result.decided_by.items()},
+        "decided_rounds": result.decided_rounds,
+        "pooled_rounds": len(result.pool),
         "clean_rounds": result.clean,
         "rounds": result.rounds,
         "seconds": round(result.seconds, 2),
