@@ -14,6 +14,13 @@ speed (a shared machine's memory changes speed from second to second).
 The benchmark's share column times whole generations the same way (a
 torch.sum after each token) and, in brackets, compares a mode's median with
 the best of several 1 GiB probes, a stricter figure on a noisy machine.
+
+Last, where a step's time goes at positions 5, 100 and 200, by clocks
+inside the C step (`--clock-steps` steps per position, each after a
+`torch.sum`): the products, the threads waiting for each other, the
+attention, the rest of the vector work, the call outside its threads,
+and the Python around the call. On a fast memory the products can keep
+up with `torch.sum` while the rest holds the step back.
 """
 
 from __future__ import annotations
@@ -93,6 +100,60 @@ def by_memory_speed(
     return thirds
 
 
+def where_time_goes(
+    models: dict[str, Any], steps: int = 10, positions: tuple[int, ...] = (5, 100, 200)
+) -> list[dict[str, Any]]:
+    """Per named FastQwen3 (native step; its cache set up afresh for the
+    positions) and position: the median ms of a step as the rounds above time it (each
+    after a `torch.sum` over its bytes, so the caches are as cold as in
+    generation), and the mean ms of its parts by the step's clocks
+    (`NativeStep.read_clocks`): products, waits, attention, the rest of a
+    thread's part, the call outside the threads, and the Python around it."""
+    from utils.benchmark import time_beside_sum, weight_bytes_per_token
+
+    cpu, rows = torch.device("cpu"), []
+    for name, model in models.items():
+        model.setup_cache(1, max(positions) + 1)
+        step, token = model.decode_step, torch.tensor([[1]])
+        buffer = torch.ones(max(weight_bytes_per_token(model) // 4, 1))
+        for position in positions:
+            pos = torch.tensor([position])
+            run = partial(step, model, token, pos)
+            step.read_clocks(True)
+            timed = []
+            for _ in range(steps):
+                wall = time_beside_sum(run, buffer, cpu)[0]
+                timed.append((wall, step.read_clocks(True)))
+            step.read_clocks(False)
+            rows.append({"mode": name, "position": position, **_medians(timed)})
+    return rows
+
+
+def _medians(timed: list[tuple[float, Any]]) -> dict[str, float]:
+    """Median ms per step of the wall time, of each part by the clocks
+    (StepClocks of one step each) and of the Python around the C call."""
+    ms = {k: statistics.median(getattr(c, k) for _, c in timed) * 1e3 for k in _PARTS}
+    ms["step_ms"] = statistics.median(wall for wall, _ in timed) * 1e3
+    ms["python"] = statistics.median(wall - c.call for wall, c in timed) * 1e3
+    return ms
+
+
+# The parts of a step in where_time_goes' rows (StepClocks' names)
+_PARTS = ("products", "waits", "attention", "rest", "outside")
+
+
+def print_where_time_goes(rows: list[dict[str, Any]], steps: int) -> None:
+    """where_time_goes' rows as a table, ms per step."""
+    print(f"\nWhere a step's time goes (ms per step; the step's clocks, "
+          f"{steps} steps per position, each after a torch.sum)")  # fmt: skip
+    print("| step | position | ms per token | products | waiting | attention "
+          "| rest | outside the threads | Python |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        cells = " | ".join(f"{r[k]:.2f}" for k in (*_PARTS, "python"))
+        print(f"| {r['mode']} | {r['position']} | {r['step_ms']:.2f} | {cells} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     from utils.download import download_qwen3_small
     from utils.fast import FastQwen3, quantize_int8
@@ -101,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--out-dir", default="qwen3")
+    parser.add_argument(
+        "--clock-steps", type=int, default=10,
+        help="steps per position timed by the step's clocks (0: none)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     files = download_qwen3_small("base", out_dir=args.out_dir)  # or stand-ins
     book = load_book_model_file(files.model, "cpu", torch.bfloat16)
@@ -126,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         cells = [f"{lo:.0f}-{hi:.0f}: {ratio:.2f}" for lo, hi, ratio in r["thirds"]]
         print(f"| {r['mode']} | " + " | ".join(cells) + " |")
+    if args.clock_steps > 0:
+        models = {"native bf16": bf16, "native int8": int8}
+        parts = where_time_goes(models, args.clock_steps)
+        print_where_time_goes(parts, args.clock_steps)
     return 0
 
 

@@ -482,3 +482,74 @@ def test_the_steps_team_gives_one_threads_bits_with_a_late_thread(int8):
     assert torch.equal(runs[1][1], runs[0][1])
     assert torch.equal(runs[2][1], runs[0][1])
     assert stolen[0] == 0 and stolen[2] > 0
+
+
+def test_the_step_clocks_say_where_a_steps_time_went():
+    """Off by default (nothing summed); on, they count the steps and split
+    each thread's part into products, waits, attention and the rest
+    without changing a bit of the logits; a thread held back 2 ms at every
+    product shows as the other thread waiting, and attention over 300
+    slots takes longer than over 1."""
+    model = native(tiny_state_dict(15, SPLIT), SPLIT)
+    step, lib = model.decode_step, get_kernels().lib
+    threads = torch.get_num_threads()
+
+    def run(pos: int, steps: int = 3) -> torch.Tensor:
+        with torch.inference_mode():
+            for _ in range(steps):
+                _, logits = decode_one_token(model, PROMPT[:, :1], torch.tensor([pos]))
+        return logits.view(torch.int16)
+
+    try:
+        torch.set_num_threads(2)
+        model.setup_cache(1, 320)
+        prefill(model, torch.arange(1, 31).view(1, -1))
+        step.read_clocks(False)
+        plain = run(30)
+        off = step.read_clocks(True)
+        assert off.steps == 0 and off.call == off.threads == off.waits == 0
+        started = time.perf_counter()
+        timed = run(30)
+        wall = time.perf_counter() - started
+        short = step.read_clocks(True)
+        assert torch.equal(timed, plain)
+        assert short.steps == 3
+        assert 0 < short.threads <= short.call <= wall / 3
+        assert short.products > 0 and short.attention > 0
+        assert min(short.waits, short.rest, short.outside) >= 0
+        run(300)
+        long = step.read_clocks(True)
+        assert long.attention > short.attention
+        lib.qwen3_stolen_passes(2000)  # the second thread 2 ms late each time
+        run(30, steps=1)
+        lib.qwen3_stolen_passes(0)
+        late = step.read_clocks(False)
+        assert late.steps == 1 and late.waits > 0.005  # >= 9 products' wait / 2
+        run(30)
+        assert step.read_clocks(False).steps == 0  # stopped
+    finally:
+        torch.set_num_threads(threads)
+        lib.qwen3_stolen_passes(0)
+        step.read_clocks(False)
+
+
+def test_step_bandwidth_script_says_where_a_steps_time_goes(capsys):
+    """One row per model and position, every part in ms and not negative,
+    the parts within the step; the table has a line per row."""
+    script = _step_bandwidth_script()
+    sd = tiny_state_dict(22, BF16)
+    bf16, int8 = native(sd), quantize_int8(FastQwen3.from_state_dict(BF16, sd))
+    assert int8.use_native_step()
+    models = {"bf16": bf16, "int8": int8}
+    rows = script.where_time_goes(models, steps=2, positions=(5, 40))
+    assert [(r["mode"], r["position"]) for r in rows] == [
+        ("bf16", 5), ("bf16", 40), ("int8", 5), ("int8", 40),
+    ]  # fmt: skip
+    for r in rows:
+        parts = [r[k] for k in ("products", "waits", "attention", "rest", "outside")]
+        assert min(parts) >= 0 and r["python"] >= 0 and r["products"] > 0
+        assert sum(parts) + r["python"] == pytest.approx(r["step_ms"], rel=0.5)
+    script.print_where_time_goes(rows, 2)
+    table = capsys.readouterr().out.strip().splitlines()
+    assert table[-4].startswith("| bf16 | 5 |") and len(table) == 3 + 4
+    assert bf16.decode_step.read_clocks(False).steps == 0  # left off

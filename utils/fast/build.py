@@ -70,6 +70,7 @@ ENTRY_POINTS: dict[str, tuple[list, type]] = {
     "qwen3_matvec_variant": ([_I, _P, _I, _I, _P, _P, _P, _P, _I, _L, _I], _I),
     "qwen3_variant_hot": ([_I, _P, _P, _P, _L, _L, _I, _P], _I),
     "qwen3_stolen_passes": ([_I], _L),
+    "qwen3_step_clocks": ([_I, _P], None),  # on, out: long long[2 + 5]
     # for the tests: the step's pieces and their first forms, rounding, exp
     "qwen3_piece_attend": ([_I, _P, _P, _P, _L, _L, _L, _P, _P], _I),
     "qwen3_piece_norm_rope": ([_I, _P, _L, _P, _D, _P, _P, _P], _I),

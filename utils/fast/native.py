@@ -28,9 +28,11 @@ default kernels, so the choice changes the speed, not the tokens.
 from __future__ import annotations
 
 import array
+import ctypes
 import operator
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,7 +43,7 @@ from utils.fast.model import greedy_step
 from utils.fast.tuner import Choice, choose_variants
 from utils.fast.variants import Variant, default_variant, variant_table
 
-__all__ = ["NativeStep", "unsupported_reason"]
+__all__ = ["NativeStep", "StepClocks", "unsupported_reason"]
 
 # The layer's linear layers as (weight slot, scales slot, module, attribute)
 _LINEARS = (
@@ -123,6 +125,32 @@ def unsupported_reason(model: Any) -> str | None:
     if cfg["emb_dim"] % 16 or cfg["hidden_dim"] % 16 or model.head_dim % 16:
         return "the model's sizes must be multiples of 16"
     return _layers_reason(model)
+
+
+@dataclass(frozen=True)
+class StepClocks:
+    """Where a native step's time went: seconds per step, a thread's parts
+    averaged over the step's team (`NativeStep.read_clocks`). Why: on a
+    fast memory the work between the products, not the products, can hold
+    a step back, and only clocks inside the C call tell which part."""
+
+    steps: int
+    call: float  # the whole C call
+    threads: float  # a thread's part, embedding to logits
+    products: float  # the products (x prepared for them too), less the waits
+    waits: float  # waiting for the other threads at the barriers
+    attention: float  # its kv groups: RoPE, cache writes, attention
+
+    @property
+    def rest(self) -> float:
+        """Norms, residual adds, SwiGLU, the embedding row."""
+        return self.threads - self.products - self.waits - self.attention
+
+    @property
+    def outside(self) -> float:
+        """The call less a thread's part: the team's start and end, the
+        argmax, the step's buffers."""
+        return self.call - self.threads
 
 
 class NativeStep:
@@ -246,6 +274,26 @@ class NativeStep:
         if rc:
             raise RuntimeError(f"qwen3_step_products failed with code {rc}")
         return time.perf_counter() - start
+
+    def read_clocks(self, on: bool = True) -> StepClocks:
+        """What the step's clocks summed since the last read, per step (all
+        zero when they were off), then starts (`on`) or stops them. Off by
+        default: on, each thread reads the clock about 600 times a step (some
+        microseconds). The clocks are the library's: they sum the steps of
+        every model in this process, one step at a time."""
+        out = (ctypes.c_longlong * 7)()
+        self._kernels.lib.qwen3_step_clocks(int(on), out)
+        steps = out[0]
+        per = 1e-9 / steps if steps else 0.0
+        step, products, product_wait, other_wait, attention = out[2:7]
+        return StepClocks(
+            steps=steps,
+            call=out[1] * per,
+            threads=step * per,
+            products=(products - product_wait) * per,
+            waits=(product_wait + other_wait) * per,
+            attention=attention * per,
+        )
 
     @property
     def cache_length(self) -> int:

@@ -18,7 +18,11 @@
    rounding of x) is short, so every thread does all of it on its own
    copy of the residual stream, the same operations on the same values
    and so the same bits; only the products and the attention's kv groups
-   are shared out, each followed by a barrier. */
+   are shared out, each followed by a barrier.
+
+   Optional clocks (qwen3_step_clocks, off by default) sum per thread the
+   time in the products, at the barriers and in the attention, so that a
+   reader can see which part holds a step back on their machine. */
 
 #include <stdlib.h>
 
@@ -45,15 +49,17 @@ static void mv(mv_ctx *c, const float *x, long k, int count,
                uint16_t *y) {
     const group g = {count, w, s, n};
     const kernel_variant *v = variant_fitting(s ? c->int8 : c->bf16, k);
+    const long long start = c->tm.clock ? clock_ns() : 0;
     if (s) {
         team_int8_group(x, &g, y, 0, k, (int16_t *)c->xbuf, &v->rows, &c->tm);
-        return;
+    } else {
+        if (v->prep) {
+            v->prep(x, k, c->xbuf);
+            x = c->xbuf;
+        }
+        team_product(&v->rows, x, &g, y, 0, k, &c->tm);
     }
-    if (v->prep) {
-        v->prep(x, k, c->xbuf);
-        x = c->xbuf;
-    }
-    team_product(&v->rows, x, &g, y, 0, k, &c->tm);
+    if (c->tm.clock) c->tm.clock[CLOCK_PRODUCTS] += clock_ns() - start;
 }
 
 /* y = w @ x for one matrix (s: its int8 scales, NULL for bf16) */
@@ -162,6 +168,34 @@ static float *alloc_buf(const step_dims *d, const void *const *p, long pos,
     return mem;
 }
 
+/* The step's clocks (see qwen3_step_clocks): per thread of the team (the
+   first CLOCK_THREADS), summed over the steps since the last read; a
+   thread's clocks fill a 64-byte line of their own, so that the threads do
+   not take a line from each other at every clock */
+#define CLOCK_THREADS 64
+_Static_assert(CLOCK_COUNT <= 8, "a thread's clocks fit one 64-byte line");
+static long long clocks[CLOCK_THREADS][8] __attribute__((aligned(64)));
+static long long call_ns, calls;
+static int clocks_on, clock_threads;
+
+/* Stops or starts the step's clocks (on: 0 or 1) and returns what they
+   summed since the last call: out[0] steps, out[1] nanoseconds inside
+   qwen3_decode_step, then out[2 + i] clock i (CLOCK_STEP ...) averaged
+   over the team's threads. One step at a time: steps run side by side in
+   other threads would add into the same sums. */
+void qwen3_step_clocks(int on, long long *out) {
+    const int nt = clock_threads > 0 ? clock_threads : 1;
+    out[0] = calls, out[1] = call_ns;
+    for (int i = 0; i < CLOCK_COUNT; ++i) {
+        long long sum = 0;
+        for (int t = 0; t < nt; ++t) sum += clocks[t][i];
+        out[2 + i] = sum / nt;
+    }
+    memset(clocks, 0, sizeof clocks);
+    call_ns = calls = 0, clock_threads = 0;
+    clocks_on = on != 0;
+}
+
 /* The calling thread's lane of b, its variants those of c */
 static lane lane_of(const step_dims *d, const step_buf *b, const mv_ctx *c) {
     lane ln;
@@ -172,6 +206,8 @@ static lane lane_of(const step_dims *d, const step_buf *b, const mv_ctx *c) {
     ln.mc.tm.t = 0, ln.mc.tm.nt = 1;
 #endif
     ln.mc.tm.sync = b->left, ln.mc.tm.left = b->left + 2, ln.mc.tm.seq = 0;
+    ln.mc.tm.clock = clocks_on && ln.mc.tm.t < CLOCK_THREADS
+                         ? clocks[ln.mc.tm.t] : NULL;
     ln.x = b->lanes + ln.mc.tm.t * lane_floats(d);
     ln.hin = ln.x + d->E;
     ln.mc.xbuf = ln.hin + k_max(d);
@@ -210,6 +246,13 @@ static void mv_gate_up(const step_dims *d, const void *const *q,
     mv(c, x, d->E, 2, w, s[0] ? s : NULL, n, y);
 }
 
+/* team_barrier, its wait added to clock (NULL: clocks off) */
+static void timed_barrier(long long *clock) {
+    const long long start = clock ? clock_ns() : 0;
+    team_barrier();
+    if (clock) clock[CLOCK_OTHER_WAIT] += clock_ns() - start;
+}
+
 /* Kv group g of layer q at slot b->pos: its query heads normed and
    rotated, its new key (normed, rotated) and value written into the
    caches, then its attention over the len filled slots */
@@ -244,8 +287,10 @@ static void attention(const step_dims *d, const void *const *q,
     const long g0 = shared ? G * t / nt : (t ? G : 0);
     const long g1 = shared ? G * (t + 1) / nt : G;
     team_stall(&ln->mc.tm);
+    long long *clock = ln->mc.tm.clock, start = clock ? clock_ns() : 0;
     for (long g = g0; g < g1; ++g) attend_kv_group(d, q, b, b->y[0], g, len);
-    team_barrier();
+    if (clock) clock[CLOCK_ATTENTION] += clock_ns() - start;
+    timed_barrier(clock);
     mv1(&ln->mc, b->ctx, H * D, q[L_WO], q[L_SO], E, b->y[1]);
     add_residual(ln->x, b->y[1], E);
 }
@@ -260,7 +305,7 @@ static void feed_forward(const step_dims *d, const void *const *q,
     team_stall(&ln->mc.tm);
     swiglu(b->y[0], b->y[0] + F, F / 8 * t / nt * 8, F / 8 * (t + 1) / nt * 8,
            b->act);
-    team_barrier();
+    timed_barrier(ln->mc.tm.clock);
     mv1(&ln->mc, b->act, F, q[L_W3], q[L_S3], E, b->y[1]);
     add_residual(ln->x, b->y[1], E);
 }
@@ -270,6 +315,7 @@ static void step_thread(const step_dims *d, const void *const *p,
                         long token, const step_buf *b, const mv_ctx *c,
                         uint16_t *logits) {
     lane ln = lane_of(d, b, c);
+    const long long start = ln.mc.tm.clock ? clock_ns() : 0;
     embed(d, p, token, ln.x);
     for (long l = 0; l < d->L; ++l) {
         const void *const *q = p + G_COUNT + l * L_COUNT;
@@ -278,6 +324,11 @@ static void step_thread(const step_dims *d, const void *const *p,
     }
     rmsnorm(ln.x, d->E, p[G_FINAL_NORM], d->eps, ln.hin);
     mv1(&ln.mc, ln.hin, d->E, p[G_HEAD], p[G_HEAD_SCALE], d->V, logits);
+    if (ln.mc.tm.clock) {
+        ln.mc.tm.clock[CLOCK_STEP] += clock_ns() - start;
+        if (ln.mc.tm.t == 0) /* the team's size, as OpenMP gave it */
+            clock_threads = ln.mc.tm.nt < CLOCK_THREADS ? ln.mc.tm.nt : CLOCK_THREADS;
+    }
 }
 
 /* The threads a step's team asks for: 1 without OpenMP */
@@ -296,6 +347,7 @@ static void products_thread(const step_dims *d, const void *const *p,
                             const step_buf *b, const mv_ctx *c,
                             const float *x, uint16_t *y) {
     lane ln = lane_of(d, b, c);
+    ln.mc.tm.clock = NULL; /* the clocks time decode steps only */
     for (long l = 0; l < d->L; ++l) {
         const void *const *q = p + G_COUNT + l * L_COUNT;
         mv_qkv(d, q, &ln.mc, x, y);
@@ -317,6 +369,7 @@ int qwen3_decode_step(const long *dims, double eps_d, const void *const *p,
     step_dims d;
     step_buf b;
     mv_ctx c;
+    const long long start = clocks_on ? clock_ns() : 0;
     if (read_dims(dims, eps_d, token, pos, &d)) return 1;
     const int bad = read_variants(variants, &c);
     if (bad) return bad;
@@ -330,6 +383,7 @@ int qwen3_decode_step(const long *dims, double eps_d, const void *const *p,
     *next = argmax_bf16(logits, d.V);
     free(b.left);
     free(mem);
+    if (clocks_on) call_ns += clock_ns() - start, ++calls;
     return 0;
 }
 

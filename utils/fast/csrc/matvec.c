@@ -486,7 +486,13 @@ QWEN3_INTERNAL void team_product(const row_kernel *rk, const float *xv,
         share(&p, tm->t, tm->nt);
 #endif
     }
-    team_barrier();
+    if (tm->clock) {
+        const long long start = clock_ns();
+        team_barrier();
+        tm->clock[CLOCK_PRODUCT_WAIT] += clock_ns() - start;
+    } else {
+        team_barrier();
+    }
     team_stall(tm); /* late to read y and to the next product */
 }
 

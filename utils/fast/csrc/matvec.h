@@ -5,6 +5,8 @@
 #ifndef QWEN3_MATVEC_H
 #define QWEN3_MATVEC_H
 
+#include <time.h>
+
 #include "bf16.h"
 
 /* A row kernel: passes [j0, j1) over rows [lo, hi) of y = w x for one
@@ -89,9 +91,27 @@ typedef struct {
 #define TEAM_COUNT 3
 typedef struct {
     passes_left *left, *sync;
+    long long *clock; /* this thread's step clocks (decode_step.c); NULL: off */
     long seq;
     int t, nt;
 } team;
+
+/* The step's clocks (qwen3_step_clocks): nanoseconds per thread in */
+enum {
+    CLOCK_STEP,         /* its whole part of the step */
+    CLOCK_PRODUCTS,     /* the products, their barriers included */
+    CLOCK_PRODUCT_WAIT, /* the barriers at the ends of the products */
+    CLOCK_OTHER_WAIT,   /* the barriers after the attention and the SwiGLU */
+    CLOCK_ATTENTION,    /* its kv groups (RoPE, cache write, attention) */
+    CLOCK_COUNT
+};
+
+/* Nanoseconds on the monotonic clock */
+static inline long long clock_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
 
 /* `words` passes-left words, 64-byte aligned and zero (every piece used
    up); NULL when out of memory */
