@@ -61,6 +61,7 @@ def cancelling_keys(length: int, d: int, gen: torch.Generator) -> torch.Tensor:
 @pytest.mark.parametrize("d", [16, 48, 64, 128])
 @pytest.mark.parametrize("r", [1, 2, 3])
 def test_attention_gives_the_plain_forms_bits(kernels, d, r):
+    """Also where the step tells it which group comes next."""
     gen = torch.Generator().manual_seed(d * 10 + r)
     # 131 and 600: the values summed over several tiles of 64 slots, at 600
     # (d 128) each tile loaded first
@@ -95,6 +96,9 @@ def test_attention_gives_the_plain_forms_bits(kernels, d, r):
         (want, want_w), (got, got_w) = both(run)
         assert same_bits(got, want) and same_bits(got_w, want_w), length
         assert want.abs().sum() > 0
+        # told that another group comes next (its lines fetched meanwhile)
+        got, got_w = run(2)
+        assert same_bits(got, want) and same_bits(got_w, want_w), length
 
 
 @pytest.mark.parametrize("d", [16, 32, 128])

@@ -255,10 +255,12 @@ static void timed_barrier(long long *clock) {
 
 /* Kv group g of layer q at slot b->pos: its query heads normed and
    rotated, its new key (normed, rotated) and value written into the
-   caches, then its attention over the len filled slots */
+   caches, then its attention over the len filled slots (group g + 1's
+   keys and values fetched meanwhile when `more`: the thread attends it
+   next) */
 static void attend_kv_group(const step_dims *d, const void *const *q,
                             const step_buf *b, const uint16_t *y, long g,
-                            long len) {
+                            long len, int more) {
     const long H = d->H, G = d->G, D = d->D, C = d->C, r = H / G;
     float *t = b->scratch + g * 2 * D, *key = t + D;
     for (long h = g * r; h < (g + 1) * r; ++h)
@@ -270,7 +272,8 @@ static void attend_kv_group(const step_dims *d, const void *const *q,
     for (long i = 0; i < D; ++i) kc[b->pos * D + i] = to_bf16(key[i]);
     memcpy(vc + b->pos * D, y + (H + G + g) * D, (size_t)D * 2);
     attend_group(b->qf + g * r * D, kc, vc, len, D, r, b->att + g * r * len,
-                 b->ctx + g * r * D);
+                 b->ctx + g * r * D, more ? kc + C * D : NULL,
+                 more ? vc + C * D : NULL);
 }
 
 /* x += attention(norm1(x)) for layer q, its key and value written into
@@ -288,7 +291,8 @@ static void attention(const step_dims *d, const void *const *q,
     const long g1 = shared ? G * (t + 1) / nt : G;
     team_stall(&ln->mc.tm);
     long long *clock = ln->mc.tm.clock, start = clock ? clock_ns() : 0;
-    for (long g = g0; g < g1; ++g) attend_kv_group(d, q, b, b->y[0], g, len);
+    for (long g = g0; g < g1; ++g)
+        attend_kv_group(d, q, b, b->y[0], g, len, g + 1 < g1);
     if (clock) clock[CLOCK_ATTENTION] += clock_ns() - start;
     timed_barrier(clock);
     mv1(&ln->mc, b->ctx, H * D, q[L_WO], q[L_SO], E, b->y[1]);

@@ -112,16 +112,31 @@ static void attend_head(const float *q, const uint16_t *kc, const uint16_t *vc,
     }
 }
 
+/* Where the next group's keys and values are (NULL: none; see
+   pair_scores) */
+typedef struct {
+    const uint16_t *kc, *vc;
+} next_group;
+
 /* The scores of two query heads (q: 2*d floats, w: 2*len) sharing each
-   converted key, four keys per pass; keys fetched 16 slots ahead and the
-   values of these keys for later. */
+   converted key, four keys per pass. Per pass, software prefetches of the
+   next group's keys and values for the same four slots where nx names
+   one (this group's are loaded then), else of this group's keys 16 slots
+   ahead and the values of these keys. (The prefetches stay in this loop:
+   moved into a function of their own, gcc 12 found that function free of
+   side effects and dropped its calls.) */
 static void pair_scores(const float *q, const uint16_t *kc, long len, long d,
-                        const uint16_t *vc, float *w) {
+                        const uint16_t *vc, next_group nx, float *w) {
     const float inv = 1.0f / (float)sqrt((double)d);
     const long ahead = 16;
     long j = 0;
     for (; j + 4 <= len; j += 4) {
         for (long b = 0; b < 4 * d * 2; b += 64) {
+            if (nx.kc) {
+                _mm_prefetch((const char *)(nx.kc + j * d) + b, _MM_HINT_T1);
+                _mm_prefetch((const char *)(nx.vc + j * d) + b, _MM_HINT_T1);
+                continue;
+            }
             if (j + ahead + 4 <= len)
                 _mm_prefetch((const char *)(kc + (j + ahead) * d) + b, _MM_HINT_T0);
             _mm_prefetch((const char *)(vc + j * d) + b, _MM_HINT_T1);
@@ -195,8 +210,9 @@ static void pair_values(const float *w, long len, const uint16_t *vc, long d,
    heads per pass over a tile of slots (see pair_values), each tile
    loaded first unless all the values were (`loaded`). */
 static void attend_pair(const float *q, const uint16_t *kc, const uint16_t *vc,
-                        long len, long d, int loaded, float *w, float *out) {
-    pair_scores(q, kc, len, d, vc, w);
+                        long len, long d, int loaded, next_group nx, float *w,
+                        float *out) {
+    pair_scores(q, kc, len, d, vc, nx, w);
     softmax(w, len);
     softmax(w + len, len);
     for (long j0 = 0; j0 < len; j0 += VALUE_TILE) {
@@ -209,16 +225,21 @@ static void attend_pair(const float *q, const uint16_t *kc, const uint16_t *vc,
 
 QWEN3_INTERNAL void attend_group(const float *q, const uint16_t *kc,
                                  const uint16_t *vc, long len, long d, long r,
-                                 float *w, float *out) {
+                                 float *w, float *out, const uint16_t *next_kc,
+                                 const uint16_t *next_vc) {
     long h = 0;
     const int loaded = len * d * 4 <= WARM_BYTES; /* keys and values */
     if (loaded) {
         warm_lines(kc, len * d);
         warm_lines(vc, len * d);
     }
+    /* the next group's lines while this one computes, by the first pair
+       (where the next group's will be loaded too) */
+    next_group nx = {NULL, NULL};
+    if (loaded && next_kc) nx.kc = next_kc, nx.vc = next_vc;
     if (d % 32 == 0)
-        for (; h + 2 <= r; h += 2)
-            attend_pair(q + h * d, kc, vc, len, d, loaded, w + h * len,
+        for (; h + 2 <= r; h += 2, nx.kc = nx.vc = NULL)
+            attend_pair(q + h * d, kc, vc, len, d, loaded, nx, w + h * len,
                         out + h * d);
     for (; h < r; ++h)
         attend_head(q + h * d, kc, vc, len, d, w + h * len, out + h * d);

@@ -64,10 +64,13 @@ QWEN3_INTERNAL void norm_rope(const uint16_t *h, long d, const float *scale,
                               float *t, float *out);
 /* Attention of the r query heads of one kv group (q: r*d floats, d % 8 ==
    0) over cache slots 0..len-1: bf16 scores, scaled, softmax, then the
-   weighted sum of the values (w: r*len floats of scratch, out: r*d) */
+   weighted sum of the values (w: r*len floats of scratch, out: r*d).
+   next_kc, next_vc: the keys and values of the group the caller attends
+   next (len slots; NULL: none), fetched into L2 while this one computes */
 QWEN3_INTERNAL void attend_group(const float *q, const uint16_t *kc,
                                  const uint16_t *vc, long len, long d, long r,
-                                 float *w, float *out);
+                                 float *w, float *out, const uint16_t *next_kc,
+                                 const uint16_t *next_vc);
 /* out = bf16(bf16(silu(gate)) * up) on bf16 inputs, entries [i0, n)
    (both % 8 == 0) */
 QWEN3_INTERNAL void swiglu(const uint16_t *gate, const uint16_t *up, long i0,

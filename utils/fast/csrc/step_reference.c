@@ -84,13 +84,16 @@ QWEN3_INTERNAL int quantize_x_reference(const float *x, long k, int16_t *qx) {
 /* ---- entry points for the tests (reference: 1 the plain form, 0 the
    step's); 1 (or -1) for bad sizes ---------------------------------------- */
 
-/* The r query heads of one kv group: w (r*len), out (r*d) */
+/* The r query heads of one kv group: w (r*len), out (r*d); reference 2:
+   the step's form told that another group comes next, whose keys are vc
+   and values kc (other values than its own, fetched while it computes) */
 int qwen3_piece_attend(int reference, const float *q, const uint16_t *kc,
                        const uint16_t *vc, long len, long d, long r, float *w,
                        float *out) {
     if (len < 1 || d < 8 || d % 8 || r < 1) return 1;
-    if (!reference) {
-        attend_group(q, kc, vc, len, d, r, w, out);
+    if (reference != 1) {
+        attend_group(q, kc, vc, len, d, r, w, out, reference ? vc : NULL,
+                     reference ? kc : NULL);
         return 0;
     }
     for (long h = 0; h < r; ++h)
