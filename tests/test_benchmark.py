@@ -127,6 +127,24 @@ def test_read_bandwidth_probe_is_plausible():
     assert 1e8 < bps < 1e13  # between 0.1 GB/s and 10 TB/s
 
 
+def test_the_sums_buffer_lies_on_2_mb_pages_where_linux_gives_them(monkeypatch):
+    """torch.sum's buffer (the memory-speed yardstick) on the same page size
+    as the native step's weights: 2 MB pages where huge pages are on, else
+    plain memory; ones either way, the size asked for (at least one)."""
+    import utils.fast.hugepages as hugepages
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(hugepages, "huge_pages_enabled", lambda: True)
+    buf = benchmark.read_buffer(3 << 20, cpu)
+    assert buf.dtype == torch.float32 and buf.numel() == (3 << 20) // 4
+    assert buf.data_ptr() % hugepages.HUGE_PAGE == 0
+    assert bool((buf == 1).all())
+    monkeypatch.setattr(hugepages, "huge_pages_enabled", lambda: False)
+    plain = benchmark.read_buffer(3 << 20, cpu)
+    assert plain.numel() == buf.numel() and bool((plain == 1).all())
+    assert benchmark.read_buffer(0, cpu).numel() == 1
+
+
 def test_book_compiled_modes_use_the_books_setting(monkeypatch):
     """Every compiled book path (and the package's optimized one) calls
     torch.compile with allow_unspec_int_on_nn_module already True, and

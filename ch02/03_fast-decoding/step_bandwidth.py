@@ -1,7 +1,8 @@
 """How close one native decode step comes to the machine's read speed,
 measured side by side: each round times one step (bf16, then int8) and one
-`torch.sum` over a buffer of exactly the bytes that step reads, so both see
-the same moment of a shared, drifting machine.
+`torch.sum` over a buffer of exactly the bytes that step reads (on 2 MB
+pages where Linux gives them, as the step's weights are), so both see the
+same moment of a shared, drifting machine.
 
     QWEN3_STANDIN=1 uv run python ch02/03_fast-decoding/step_bandwidth.py [--rounds 30]
 
@@ -43,8 +44,9 @@ def side_by_side(
     """One row per named FastQwen3 (native step in use): median step time,
     GB/s read, the median ratio of step speed to `torch.sum` speed over the
     same bytes (timed in turn within each round), and that ratio in the
-    slowest, middle and fastest third of the rounds by `torch.sum` speed."""
-    from utils.benchmark import time_beside_sum, weight_bytes_per_token
+    slowest, middle and fastest third of the rounds by `torch.sum` speed
+    (its buffer on 2 MB pages where Linux gives them: `read_buffer`)."""
+    from utils.benchmark import read_buffer, time_beside_sum, weight_bytes_per_token
     from utils.fast import prefill
 
     cpu = torch.device("cpu")
@@ -54,7 +56,7 @@ def side_by_side(
         nbytes = weight_bytes_per_token(model)
         model.setup_cache(1, prompt.shape[1] + positions)
         token, _ = prefill(model, prompt)
-        buffer = torch.ones(max(nbytes // 4, 1))
+        buffer = read_buffer(nbytes, cpu)
         state[name] = (model, token, buffer, nbytes, [])
     for r in range(rounds + 1):  # round 0 warms up and is not counted
         pos = torch.tensor([prompt.shape[1] + r % positions])
@@ -109,13 +111,13 @@ def where_time_goes(
     generation), and the mean ms of its parts by the step's clocks
     (`NativeStep.read_clocks`): products, waits, attention, the rest of a
     thread's part, the call outside the threads, and the Python around it."""
-    from utils.benchmark import time_beside_sum, weight_bytes_per_token
+    from utils.benchmark import read_buffer, time_beside_sum, weight_bytes_per_token
 
     cpu, rows = torch.device("cpu"), []
     for name, model in models.items():
         model.setup_cache(1, max(positions) + 1)
         step, token = model.decode_step, torch.tensor([[1]])
-        buffer = torch.ones(max(weight_bytes_per_token(model) // 4, 1))
+        buffer = read_buffer(weight_bytes_per_token(model), cpu)
         for position in positions:
             pos = torch.tensor([position])
             run = partial(step, model, token, pos)
