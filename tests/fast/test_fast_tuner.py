@@ -151,6 +151,11 @@ def test_a_pass_too_short_to_time_keeps_the_default():
     tiny = {n: t / 100 for n, t in TIMES.items()}
     result = tune(timer(tiny), list(tiny), "default", 2, FakeProbe())
     assert result.choice == "default" and "too short" in result.reason
+    # a first pass slowed down (cold memory, a preempted thread) does not
+    # make a small model worth timing: its second pass is short
+    passes = iter([0.05] + [0.0004] * 50)
+    result = tune(lambda name: next(passes), list(tiny), "default", 2, FakeProbe())
+    assert result.choice == "default" and result.short and result.rounds == 2
 
 
 def test_the_load_probe_reads_missing_cpu_time_and_foreign_work():

@@ -250,10 +250,10 @@ def tune(
     seconds of one pass over the model's products, in rotated rounds, and
     `settle` over them pooled with the `earlier` rounds of an undecided
     record (this being load number `tunings`); see the module docstring.
-    Keeps the
-    default, with a reason, when a pass is too short to time (under
-    `min_pass_s`: a small model), when the first 4 rounds are all disturbed
-    or when the budget ends before 3 clean rounds."""
+    Keeps the default, with a reason, when a pass is too short to time (the
+    default's first or second under `min_pass_s`: a small model), when the
+    first 4 rounds are all disturbed or when the budget ends before 3 clean
+    rounds."""
     probe = probe or LoadProbe()
     names = list(dict.fromkeys([default, *candidates]))
     ratios: dict[str, list[float]] = {n: [] for n in names}
@@ -266,10 +266,12 @@ def tune(
         before = probe.sample()
         times = {n: time_pass(n) for n in order}
         undisturbed = probe.clean(before, probe.sample(), threads)
-        if r == 0 and times[default] < min_pass_s:
+        # the first pass starts cold (a first touch, a preempted thread): a
+        # small model is told by its shorter of the first two
+        if r <= 1 and times[default] < min_pass_s:
             reason = f"one pass takes {times[default] * 1e3:.2f} ms, too short to time"
             seconds = time.perf_counter() - start
-            return Tuning(default, ratios, 0, 1, seconds, reason, short=True)
+            return Tuning(default, ratios, 0, r + 1, seconds, reason, short=True)
         if r and undisturbed:  # round 0 warms up
             clean += 1
             for n in names:
