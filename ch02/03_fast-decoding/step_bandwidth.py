@@ -106,9 +106,9 @@ def where_time_goes(
     models: dict[str, Any], steps: int = 10, positions: tuple[int, ...] = (5, 100, 200)
 ) -> list[dict[str, Any]]:
     """Per named FastQwen3 (native step; its cache set up afresh for the
-    positions) and position: the median ms of a step as the rounds above time it (each
-    after a `torch.sum` over its bytes, so the caches are as cold as in
-    generation), and the mean ms of its parts by the step's clocks
+    positions) and position: the median ms of a step as the rounds above
+    time it (each after a `torch.sum` over its bytes, so the caches are as
+    cold as in generation), and the median ms of its parts by the clocks
     (`NativeStep.read_clocks`): products, waits, attention, the rest of a
     thread's part, the call outside the threads, and the Python around it."""
     from utils.benchmark import read_buffer, time_beside_sum, weight_bytes_per_token

@@ -246,13 +246,6 @@ static void mv_gate_up(const step_dims *d, const void *const *q,
     mv(c, x, d->E, 2, w, s[0] ? s : NULL, n, y);
 }
 
-/* team_barrier, its wait added to clock (NULL: clocks off) */
-static void timed_barrier(long long *clock) {
-    const long long start = clock ? clock_ns() : 0;
-    team_barrier();
-    if (clock) clock[CLOCK_OTHER_WAIT] += clock_ns() - start;
-}
-
 /* Kv group g of layer q at slot b->pos: its query heads normed and
    rotated, its new key (normed, rotated) and value written into the
    caches, then its attention over the len filled slots (group g + 1's
@@ -294,7 +287,7 @@ static void attention(const step_dims *d, const void *const *q,
     for (long g = g0; g < g1; ++g)
         attend_kv_group(d, q, b, b->y[0], g, len, g + 1 < g1);
     if (clock) clock[CLOCK_ATTENTION] += clock_ns() - start;
-    timed_barrier(clock);
+    timed_barrier(clock, CLOCK_OTHER_WAIT);
     mv1(&ln->mc, b->ctx, H * D, q[L_WO], q[L_SO], E, b->y[1]);
     add_residual(ln->x, b->y[1], E);
 }
@@ -309,7 +302,7 @@ static void feed_forward(const step_dims *d, const void *const *q,
     team_stall(&ln->mc.tm);
     swiglu(b->y[0], b->y[0] + F, F / 8 * t / nt * 8, F / 8 * (t + 1) / nt * 8,
            b->act);
-    timed_barrier(ln->mc.tm.clock);
+    timed_barrier(ln->mc.tm.clock, CLOCK_OTHER_WAIT);
     mv1(&ln->mc, b->act, F, q[L_W3], q[L_S3], E, b->y[1]);
     add_residual(ln->x, b->y[1], E);
 }

@@ -436,6 +436,12 @@ QWEN3_INTERNAL void team_barrier(void) {
 #endif
 }
 
+QWEN3_INTERNAL void timed_barrier(long long *clock, int slot) {
+    const long long start = clock ? clock_ns() : 0;
+    team_barrier();
+    if (clock) clock[slot] += clock_ns() - start;
+}
+
 QWEN3_INTERNAL void team_stall(const team *tm) {
 #ifdef _OPENMP
     if (stall_us && tm->nt > 1 && tm->t == tm->nt - 1) stall();
@@ -486,13 +492,7 @@ QWEN3_INTERNAL void team_product(const row_kernel *rk, const float *xv,
         share(&p, tm->t, tm->nt);
 #endif
     }
-    if (tm->clock) {
-        const long long start = clock_ns();
-        team_barrier();
-        tm->clock[CLOCK_PRODUCT_WAIT] += clock_ns() - start;
-    } else {
-        team_barrier();
-    }
+    timed_barrier(tm->clock, CLOCK_PRODUCT_WAIT);
     team_stall(tm); /* late to read y and to the next product */
 }
 

@@ -128,6 +128,8 @@ QWEN3_INTERNAL void team_int8_group(const float *xn, const group *g, void *y,
                                     const row_kernel *rows, team *tm);
 /* Waits for every thread of the team (none outside a parallel region) */
 QWEN3_INTERNAL void team_barrier(void);
+/* team_barrier, the wait added to clock[slot] (clock NULL: clocks off) */
+QWEN3_INTERNAL void timed_barrier(long long *clock, int slot);
 /* For the tests (qwen3_stolen_passes): the team's last thread sleeps
    after each product and before its part of the attention or the SwiGLU */
 QWEN3_INTERNAL void team_stall(const team *tm);
