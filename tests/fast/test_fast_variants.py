@@ -144,6 +144,9 @@ def test_the_table_has_the_defaults_first_and_the_avx512_forms(kernels):
     ]
     names = {v.name: v for v in table}
     assert names["bf16_exact_avx512"].needs == {"avx2", "avx512"}
+    for name in ("bf16_exact_avx512_xb", "bf16_exact_avx512_xb_s2"):
+        assert names[name].needs == {"avx2", "avx512"}
+        assert names[name].cls == "exact"
     assert names["bf16_fast_avx512bf16"].needs >= {"avx512", "avx512_bf16"}
     assert names["int8_avx512vnni"].needs >= {"avx512", "avx512_vnni"}
     assert names["int8_avx512vnni_s2"].needs >= {"avx512", "avx512_vnni"}
@@ -210,6 +213,26 @@ def test_wrong_k_or_index_is_an_error_not_a_crash(kernels):
     for index in (-1, len(table), exact.index):  # none, or not an int8 one
         with pytest.raises(RuntimeError, match="code 1"):
             kernels.matvec_variant(index, x, ws, scales)
+
+
+def test_an_exact_variant_taking_x_as_bf16_refuses_an_x_it_would_round(kernels):
+    """The `_xb` variants hold x as bf16: exact for the step's x, which
+    always holds bf16 values, and refused (code 1) for a float32 x they
+    would round, rather than returning other bits."""
+    have = cpu_features(kernels)
+    table = variant_table(kernels)
+    xb = [v for v in table if v.name.startswith("bf16_exact_avx512_xb")]
+    if not xb or not xb[0].needs <= have:
+        pytest.skip("this CPU runs no AVX-512 variant")
+    x, ws, _ = problem("exact", 1024, (8, 3), torch.Generator().manual_seed(1))
+    want = kernels.matvec_multi(x, ws, None, exact=True)
+    off = x.clone()
+    off[5] = torch.nextafter(off[5], torch.tensor(math.inf))  # not a bf16 value
+    for v in xb:
+        got = kernels.matvec_variant(v.index, x, ws)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+        with pytest.raises(RuntimeError, match="code 1"):
+            kernels.matvec_variant(v.index, off, ws)
 
 
 def test_the_load_time_check_catches_a_variant_with_other_bits(kernels):

@@ -184,6 +184,21 @@ static void x_to_bf16(const float *xn, long k, float *xp) {
 
 /* ---- exact class, AVX-512 ------------------------------------------------ */
 
+/* A row's sum from its even and odd accumulators (e[j] lane i: column
+   32j+2i of every block, o[j]: 32j+2i+1) in ATen's stages: (j0 + j1),
+   (low + high 256 bits), (low + high 128 bits), then evenodd_finish */
+T512 INLINE float eo5_finish(const __m512 *e, const __m512 *o) {
+    const __m512 E = _mm512_add_ps(e[0], e[1]);
+    const __m512 O = _mm512_add_ps(o[0], o[1]);
+    const __m256 E2 = _mm256_add_ps(_mm512_castps512_ps256(E),
+                                    _mm512_extractf32x8_ps(E, 1));
+    const __m256 O2 = _mm256_add_ps(_mm512_castps512_ps256(O),
+                                    _mm512_extractf32x8_ps(O, 1));
+    return evenodd_finish(
+        _mm_add_ps(_mm256_castps256_ps128(E2), _mm256_extractf128_ps(E2, 1)),
+        _mm_add_ps(_mm256_castps256_ps128(O2), _mm256_extractf128_ps(O2, 1)));
+}
+
 /* R (1 to 4) rows; per 64 columns two 512-bit loads: e[q][j] lane i holds
    column 32j+2i, o[q][j] column 32j+2i+1 (x from evenodd16). ATen's
    stages: (j0 + j1), (low + high 256 bits), (low + high 128 bits). */
@@ -210,37 +225,64 @@ T512 INLINE void eo5_rows(const void *xv, const uint16_t *const *r, int R,
                 o[q][j] = _mm512_fmadd_ps(xo[j], hi, o[q][j]);
             }
     }
-    for (int q = 0; q < R; ++q) {
-        const __m512 E = _mm512_add_ps(e[q][0], e[q][1]);
-        const __m512 O = _mm512_add_ps(o[q][0], o[q][1]);
-        const __m256 E2 = _mm256_add_ps(_mm512_castps512_ps256(E),
-                                        _mm512_extractf32x8_ps(E, 1));
-        const __m256 O2 = _mm256_add_ps(_mm512_castps512_ps256(O),
-                                        _mm512_extractf32x8_ps(O, 1));
-        out[q] = evenodd_finish(
-            _mm_add_ps(_mm256_castps256_ps128(E2), _mm256_extractf128_ps(E2, 1)),
-            _mm_add_ps(_mm256_castps256_ps128(O2), _mm256_extractf128_ps(O2, 1)));
+    for (int q = 0; q < R; ++q) out[q] = eo5_finish(e[q], o[q]);
+}
+
+/* The sums of eo5_rows with x as bf16 (x_to_bf16: exact where x holds
+   bf16 values, as in the step), split like the weights: a 32-bit lane's
+   low half shifted up is column 2i, its masked high half column 2i+1, so
+   the same products land in the same lanes in the same order. Per 64
+   columns two loads of x instead of four: with one row per pass (one
+   stream per thread) a 2-core Zen 4 VM's products then kept up with
+   torch.sum's 50-60 GB/s (0.94 of it), where eo5_rows with its float32 x
+   read at 0.52 with one row and 0.73-0.80 with four (the load queue, not
+   the arithmetic, is the limit: measurements in the README) */
+T512 INLINE void xb_rows(const void *xv, const uint16_t *const *r, int R,
+                         long k, float *out) {
+    const uint16_t *x = (const uint16_t *)xv;
+    const __m512i mask = _mm512_set1_epi32((int)0xffff0000u);
+    __m512 e[4][2], o[4][2];
+    for (int q = 0; q < R; ++q)
+        for (int j = 0; j < 2; ++j) e[q][j] = o[q][j] = _mm512_setzero_ps();
+    for (long i = 0; i < k; i += 64) {
+        __m512 xe[2], xo[2];
+        for (int j = 0; j < 2; ++j) {
+            __m512i v = _mm512_loadu_si512(x + i + 32 * j);
+            KEEP512(v);
+            xe[j] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+            xo[j] = _mm512_castsi512_ps(_mm512_and_si512(v, mask));
+        }
+        for (int q = 0; q < R; ++q)
+            for (int j = 0; j < 2; ++j) {
+                __m512i v = _mm512_loadu_si512(r[q] + i + 32 * j);
+                KEEP512(v);
+                const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+                const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(v, mask));
+                e[q][j] = _mm512_fmadd_ps(xe[j], lo, e[q][j]);
+                o[q][j] = _mm512_fmadd_ps(xo[j], hi, o[q][j]);
+            }
     }
+    for (int q = 0; q < R; ++q) out[q] = eo5_finish(e[q], o[q]);
 }
 
 /* R rows' sums of a bf16 matrix (x prepared for the body) */
 typedef void (*bf16_body)(const void *x, const uint16_t *const *r, int R,
                           long k, float *out);
 
-/* Passes [j0, j1) of rows [lo, hi) in four sections with `body` (see
-   rows_fn; inlined with a constant body: one loop per kernel) */
-T512 INLINE void four_rows(bf16_body body, const void *x, const uint16_t *w,
-                           void *y, int y_f32, long lo, long hi, long k,
-                           long j0, long j1) {
-    const long per = (hi - lo) / 4;
+/* Passes [j0, j1) of rows [lo, hi) in S (1 to 4) sections with `body`
+   (see rows_fn; inlined with constant S and body: one loop per kernel) */
+T512 INLINE void bf16_sections(int S, bf16_body body, const void *x,
+                               const uint16_t *w, void *y, int y_f32, long lo,
+                               long hi, long k, long j0, long j1) {
+    const long per = (hi - lo) / S;
     float out[4];
     FULL_PASSES(j, j0, j1, per) {
         const uint16_t *r[4];
-        for (int q = 0; q < 4; ++q) r[q] = w + (lo + q * per + j) * k;
-        body(x, r, 4, k, out);
-        for (int q = 0; q < 4; ++q) store(y, y_f32, lo + q * per + j, out[q]);
+        for (int q = 0; q < S; ++q) r[q] = w + (lo + q * per + j) * k;
+        body(x, r, S, k, out);
+        for (int q = 0; q < S; ++q) store(y, y_f32, lo + q * per + j, out[q]);
     }
-    LEFTOVER_ROWS(n, j0, j1, per, lo, 4) {
+    LEFTOVER_ROWS(n, j0, j1, per, lo, S) {
         const uint16_t *r[1] = {w + n * k};
         body(x, r, 1, k, out);
         store(y, y_f32, n, out[0]);
@@ -252,7 +294,28 @@ T512 static void rows_exact_512(const float *xp, const void *wv,
                                 const float *unused, void *y, int y_f32,
                                 long lo, long hi, long k, long j0, long j1) {
     (void)unused;
-    four_rows(eo5_rows, xp, (const uint16_t *)wv, y, y_f32, lo, hi, k, j0, j1);
+    bf16_sections(4, eo5_rows, xp, (const uint16_t *)wv, y, y_f32, lo, hi, k,
+                  j0, j1);
+}
+
+/* The same sums with x as bf16 (xb_rows), one row per pass */
+T512 static void rows_exact_512_xb(const float *xp, const void *wv,
+                                   const float *unused, void *y, int y_f32,
+                                   long lo, long hi, long k, long j0,
+                                   long j1) {
+    (void)unused;
+    bf16_sections(1, xb_rows, xp, (const uint16_t *)wv, y, y_f32, lo, hi, k,
+                  j0, j1);
+}
+
+/* xb_rows, two far-apart rows per pass */
+T512 static void rows_exact_512_xb_s2(const float *xp, const void *wv,
+                                      const float *unused, void *y,
+                                      int y_f32, long lo, long hi, long k,
+                                      long j0, long j1) {
+    (void)unused;
+    bf16_sections(2, xb_rows, xp, (const uint16_t *)wv, y, y_f32, lo, hi, k,
+                  j0, j1);
 }
 
 /* ---- fast class, AVX512_BF16 ------------------------------------------- */
@@ -284,7 +347,8 @@ T512BF16 static void rows_fast_bf16dp(const float *xp, const void *wv,
                                       long lo, long hi, long k, long j0,
                                       long j1) {
     (void)unused;
-    four_rows(dp_rows, xp, (const uint16_t *)wv, y, y_f32, lo, hi, k, j0, j1);
+    bf16_sections(4, dp_rows, xp, (const uint16_t *)wv, y, y_f32, lo, hi, k,
+                  j0, j1);
 }
 
 /* ---- int8 class, AVX2 ----------------------------------------------------- */
@@ -457,6 +521,10 @@ static const kernel_variant VARIANTS[] = {
 #ifdef QWEN3_AVX512
     {"bf16_exact_avx512", {rows_exact_512, 4}, evenodd16, CLASS_EXACT,
      CPU_AVX2 | CPU_AVX512, 64},
+    {"bf16_exact_avx512_xb", {rows_exact_512_xb, 1}, x_to_bf16, CLASS_EXACT,
+     CPU_AVX2 | CPU_AVX512, 64},
+    {"bf16_exact_avx512_xb_s2", {rows_exact_512_xb_s2, 2}, x_to_bf16,
+     CLASS_EXACT, CPU_AVX2 | CPU_AVX512, 64},
 #endif
     {"bf16_fast_avx2", {rows_bf16, 4}, permute16, CLASS_FAST, CPU_AVX2, 16},
 #ifdef QWEN3_AVX512
@@ -521,7 +589,7 @@ int qwen3_limit_cpu_features(int mask) {
 /* "name:class:needs:kmul;" per variant, in table order (the index Python
    passes back); needs is a bit mask as cpu_features() */
 const char *qwen3_variant_table(void) {
-    static char text[1024];
+    static char text[2048];
     if (!text[0]) {
         size_t used = 0;
         for (int i = 0; i < N_VARIANTS; ++i) {
@@ -544,7 +612,24 @@ static int variant_usable(int i, long k, const void *scales) {
     return variant_status(i, -1);
 }
 
-/* As the *_multi entry points, with variant i (no fallback: k must fit). */
+/* Whether an exact variant would round x (it takes x as bf16: x_to_bf16)
+   while x holds a value bf16 cannot represent; the step's x never does */
+static int rounds_x(const kernel_variant *v, const float *xn, long k) {
+#ifdef QWEN3_AVX512
+    if (v->cls != CLASS_EXACT || v->prep != x_to_bf16) return 0;
+    for (long i = 0; i < k; ++i) {
+        uint32_t u;
+        memcpy(&u, xn + i, 4);
+        if (u & 0xffffu) return 1;
+    }
+#else
+    (void)v, (void)xn, (void)k;
+#endif
+    return 0;
+}
+
+/* As the *_multi entry points, with variant i (no fallback: k must fit;
+   1 also for an x that variant i would round, see rounds_x). */
 int qwen3_matvec_variant(int i, const void *x, int x_f32, int count,
                          const void *const *w, const float *const *scales,
                          const long *n, void *y, int y_f32, long k,
@@ -555,6 +640,10 @@ int qwen3_matvec_variant(int i, const void *x, int x_f32, int count,
     float *xn = malloc((size_t)k * 8 + 64);
     if (!xn) return 2;
     load_x(x, x_f32, k, xn);
+    if (rounds_x(v, xn, k)) {
+        free(xn);
+        return 1;
+    }
     float *xp = xn + k;
     const group g = {count, w, scales, n};
     if (v->cls == CLASS_INT8) {
