@@ -199,28 +199,42 @@ T512 INLINE float eo5_finish(const __m512 *e, const __m512 *o) {
         _mm_add_ps(_mm256_castps256_ps128(O2), _mm256_extractf128_ps(O2, 1)));
 }
 
-/* R (1 to 4) rows; per 64 columns two 512-bit loads: e[q][j] lane i holds
-   column 32j+2i, o[q][j] column 32j+2i+1 (x from evenodd16). ATen's
-   stages: (j0 + j1), (low + high 256 bits), (low + high 128 bits). */
-T512 INLINE void eo5_rows(const void *xv, const uint16_t *const *r, int R,
-                          long k, float *out) {
-    const float *xp = (const float *)xv;
-    const __m512i mask = _mm512_set1_epi32((int)0xffff0000u);
+/* A 512-bit load of 32 bf16 columns split into float32 lanes: lane i's
+   low half shifted up is column 2i (*even), its masked high half column
+   2i+1 (*odd) */
+T512 INLINE void split_bf16(const uint16_t *p, __m512 *even, __m512 *odd) {
+    __m512i v = _mm512_loadu_si512(p);
+    KEEP512(v);
+    *even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    *odd = _mm512_castsi512_ps(
+        _mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* R (1 to 4) rows; per 64 columns two 512-bit loads per row: e[q][j] lane
+   i holds column 32j+2i, o[q][j] column 32j+2i+1. x is float32 from
+   evenodd16 (four loads per 64 columns) or, with xb, bf16 from x_to_bf16
+   split like the weights (two loads; exact where x holds bf16 values, as
+   in the step): the same products land in the same lanes in the same
+   order either way. ATen's stages: eo5_finish. */
+T512 INLINE void eo5_body(int xb, const void *xv, const uint16_t *const *r,
+                          int R, long k, float *out) {
     __m512 e[4][2], o[4][2];
     for (int q = 0; q < R; ++q)
         for (int j = 0; j < 2; ++j) e[q][j] = o[q][j] = _mm512_setzero_ps();
     for (long i = 0; i < k; i += 64) {
         __m512 xe[2], xo[2];
         for (int j = 0; j < 2; ++j) {
-            xe[j] = _mm512_loadu_ps(xp + i + 32 * j);
-            xo[j] = _mm512_loadu_ps(xp + i + 32 * j + 16);
+            if (xb) {
+                split_bf16((const uint16_t *)xv + i + 32 * j, &xe[j], &xo[j]);
+            } else {
+                xe[j] = _mm512_loadu_ps((const float *)xv + i + 32 * j);
+                xo[j] = _mm512_loadu_ps((const float *)xv + i + 32 * j + 16);
+            }
         }
         for (int q = 0; q < R; ++q)
             for (int j = 0; j < 2; ++j) {
-                __m512i v = _mm512_loadu_si512(r[q] + i + 32 * j);
-                KEEP512(v);
-                const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-                const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(v, mask));
+                __m512 lo, hi;
+                split_bf16(r[q] + i + 32 * j, &lo, &hi);
                 e[q][j] = _mm512_fmadd_ps(xe[j], lo, e[q][j]);
                 o[q][j] = _mm512_fmadd_ps(xo[j], hi, o[q][j]);
             }
@@ -228,41 +242,19 @@ T512 INLINE void eo5_rows(const void *xv, const uint16_t *const *r, int R,
     for (int q = 0; q < R; ++q) out[q] = eo5_finish(e[q], o[q]);
 }
 
-/* The sums of eo5_rows with x as bf16 (x_to_bf16: exact where x holds
-   bf16 values, as in the step), split like the weights: a 32-bit lane's
-   low half shifted up is column 2i, its masked high half column 2i+1, so
-   the same products land in the same lanes in the same order. Per 64
-   columns two loads of x instead of four: with one row per pass (one
-   stream per thread) a 2-core Zen 4 VM's products then kept up with
-   torch.sum's 50-60 GB/s (0.94 of it), where eo5_rows with its float32 x
-   read at 0.52 with one row and 0.73-0.80 with four (the load queue, not
-   the arithmetic, is the limit: measurements in the README) */
+T512 INLINE void eo5_rows(const void *xv, const uint16_t *const *r, int R,
+                          long k, float *out) {
+    eo5_body(0, xv, r, R, k, out);
+}
+
+/* eo5_body with x as bf16. With one row per pass (one stream per thread)
+   a 2-core Zen 4 VM's products then kept up with torch.sum's 50-60 GB/s
+   (0.94 of it), where float32 x read at 0.52 with one row and 0.73-0.80
+   with four (the load queue, not the arithmetic, is the limit:
+   measurements in the README) */
 T512 INLINE void xb_rows(const void *xv, const uint16_t *const *r, int R,
                          long k, float *out) {
-    const uint16_t *x = (const uint16_t *)xv;
-    const __m512i mask = _mm512_set1_epi32((int)0xffff0000u);
-    __m512 e[4][2], o[4][2];
-    for (int q = 0; q < R; ++q)
-        for (int j = 0; j < 2; ++j) e[q][j] = o[q][j] = _mm512_setzero_ps();
-    for (long i = 0; i < k; i += 64) {
-        __m512 xe[2], xo[2];
-        for (int j = 0; j < 2; ++j) {
-            __m512i v = _mm512_loadu_si512(x + i + 32 * j);
-            KEEP512(v);
-            xe[j] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-            xo[j] = _mm512_castsi512_ps(_mm512_and_si512(v, mask));
-        }
-        for (int q = 0; q < R; ++q)
-            for (int j = 0; j < 2; ++j) {
-                __m512i v = _mm512_loadu_si512(r[q] + i + 32 * j);
-                KEEP512(v);
-                const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-                const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(v, mask));
-                e[q][j] = _mm512_fmadd_ps(xe[j], lo, e[q][j]);
-                o[q][j] = _mm512_fmadd_ps(xo[j], hi, o[q][j]);
-            }
-    }
-    for (int q = 0; q < R; ++q) out[q] = eo5_finish(e[q], o[q]);
+    eo5_body(1, xv, r, R, k, out);
 }
 
 /* R rows' sums of a bf16 matrix (x prepared for the body) */
