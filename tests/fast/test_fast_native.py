@@ -210,6 +210,46 @@ def test_new_outputs_each_step_and_a_batch_cache_falls_back():
     assert model.decode_step._cache_ok
 
 
+def test_outputs_made_ahead_are_never_handed_out_twice():
+    """The step makes its logits and token tensors OUTPUTS_AHEAD at a time;
+    each call's are still its own: kept ones keep their values."""
+    from utils.fast.native import OUTPUTS_AHEAD
+
+    model = native(tiny_state_dict(24, BF16))
+    model.setup_cache(1, 64)
+    prefill(model, PROMPT)
+    tok, kept = PROMPT[:, -1:], []
+    with torch.inference_mode():
+        for pos in range(PROMPT.shape[1], PROMPT.shape[1] + OUTPUTS_AHEAD + 3):
+            tok, logits = decode_one_token(model, tok, torch.tensor([pos]))
+            kept.append((tok, logits, tok.clone(), logits.clone()))
+    pointers = {t.data_ptr() for pair in kept for t in pair[:2]}
+    assert len(pointers) == 2 * len(kept)
+    assert all(torch.equal(a, c) and torch.equal(b, d) for a, b, c, d in kept)
+    assert not kept[0][1].is_inference()  # usable outside inference mode too
+
+
+def test_token_and_position_of_any_integer_dtype():
+    """C reads an int64 token and position where the tensors hold them;
+    other integer dtypes, and a position given with more entries, go
+    through copies and give the same logits."""
+    model = native(tiny_state_dict(25, BF16))
+    results = []
+    for tok_dtype, pos in (
+        (torch.int64, torch.tensor([5])),
+        (torch.int32, torch.tensor([5], dtype=torch.int32)),
+        (torch.int64, torch.tensor([5, 6], dtype=torch.int16)),
+        (torch.int64, torch.tensor([5, 6])),
+    ):
+        model.setup_cache(1, 64)
+        prefill(model, PROMPT)
+        with torch.inference_mode():
+            tok = PROMPT[:, -1:].to(tok_dtype)
+            results.append(decode_one_token(model, tok, pos)[1])
+    assert model.decode_native()
+    assert all(torch.equal(results[0], r) for r in results[1:])
+
+
 def test_falls_back_to_eager_where_it_cannot_run(capsys):
     sd = tiny_state_dict(15, BF16)
     model = native(sd)

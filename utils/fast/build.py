@@ -42,7 +42,7 @@ CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("matvec.c", "variants.c", "decode_step.c", "step_ops.c", "step_reference.c")
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC"]
 _OPENMP = "-fopenmp"
-ABI = 0x70000  # qwen3_matvec_abi() in csrc/matvec.c, plus 1 with OpenMP
+ABI = 0x80000  # qwen3_matvec_abi() in csrc/matvec.c, plus 1 with OpenMP
 
 # Entry points and their ctypes argument types (see csrc/matvec.c,
 # csrc/variants.c, csrc/decode_step.c and csrc/step_reference.c); a new
@@ -59,7 +59,7 @@ ENTRY_POINTS: dict[str, tuple[list, type]] = {
     "qwen3_matvec_bf16_exact_multi": (_MULTI, _I),
     "qwen3_matvec_int8_multi": ([_P, _I, _I, _P, _P, _P, _P, _I, _L, _I], _I),
     # dims, eps, table, token, pos, variants[2], logits, next, threads
-    "qwen3_decode_step": ([_P, _D, _P, _L, _L, _P, _P, _P, _I], _I),
+    "qwen3_decode_step": ([_P, _D, _P, _P, _P, _P, _P, _P, _I], _I),
     "qwen3_step_products": ([_P, _P, _P, _I], _I),  # dims, table, variants, threads
     "qwen3_step_layout": ([], ctypes.c_char_p),
     # the kernel variants: CPU features, the table, one call, a hot loop

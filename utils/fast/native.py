@@ -55,6 +55,9 @@ _LINEARS = (
     ("W2", "S2", "ff", "fc2"),
     ("W3", "S3", "ff", "fc3"),
 )
+# logits and token tensors made at a time (NativeStep._fresh_outputs):
+# about 5 MB ahead for Qwen3's vocabulary
+OUTPUTS_AHEAD = 16
 # Layers that share one input go through one grouped call in C
 _GROUPS = (("W_query", "W_key", "W_value"), ("out_proj",), ("fc1", "fc2"), ("fc3",))
 # The slot names this module fills, per section of the reported layout
@@ -213,6 +216,8 @@ class NativeStep:
         self._cache_ok = False  # whether those caches are ones the C step takes
         self._keep_cache: tuple[torch.Tensor, ...] = ()
         self._classes = self._classes_used(model)
+        self._outputs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._ints = array.array("q", [0, 0])  # see _token_and_pos
         self._choices: dict[int, tuple[Choice, array.array]] = {}
         self._variants_for(torch.get_num_threads())  # chosen now, not mid-run
 
@@ -387,6 +392,40 @@ class NativeStep:
         self._cache_ok = True
         return True
 
+    def _token_and_pos(
+        self, cur_token: torch.Tensor, input_pos: torch.Tensor
+    ) -> tuple[int, int]:
+        """Addresses of the token and the (first) position as int64, for
+        C to read: the tensors' own where they hold int64 on the CPU, else
+        copies in this step's own two slots."""
+        if (
+            cur_token.dtype is torch.int64
+            and input_pos.dtype is torch.int64
+            and input_pos.is_cpu
+            and input_pos.numel() > 0
+        ):
+            return cur_token.data_ptr(), input_pos.data_ptr()
+        self._ints[0] = int(cur_token)
+        self._ints[1] = int(input_pos.reshape(-1)[0])
+        address = self._ints.buffer_info()[0]
+        return address, address + self._ints.itemsize
+
+    def _fresh_outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """New logits (1, vocab) and token (1, 1) tensors for one step,
+        made OUTPUTS_AHEAD pairs at a time: one torch.empty with the caches
+        cold after a step took about 50 us, the ones right after it a few
+        each. Never handed out twice, so a caller may keep them."""
+        if not self._outputs:
+            with torch.inference_mode(False):  # usable in and out of it
+                self._outputs = [
+                    (
+                        torch.empty(1, self._vocab, dtype=torch.bfloat16),
+                        torch.empty((1, 1), dtype=torch.int64),
+                    )
+                    for _ in range(OUTPUTS_AHEAD)
+                ]
+        return self._outputs.pop()
+
     def __call__(
         self,
         model: Any,
@@ -397,7 +436,8 @@ class NativeStep:
         # Each torch call here runs from cold caches (the step's weights
         # have just streamed through them): tens of microseconds each, so
         # the checks are few (the cache's shape and dtype are checked when
-        # it changes) and C writes the next token into a tensor made here.
+        # it changes), C reads the token and the position where the tensors
+        # hold them and writes into outputs made ahead (_fresh_outputs).
         if not (
             cur_token.is_cpu
             and cur_token.shape == (1, 1)
@@ -405,20 +445,19 @@ class NativeStep:
             and self._point_at_cache(model)
         ):
             return greedy_step(model, cur_token, input_pos, kv_len)
-        pos = int(input_pos) if input_pos.numel() == 1 else int(input_pos[0])
-        token = int(cur_token)
-        logits = torch.empty(1, self._vocab, dtype=torch.bfloat16)
-        next_token = torch.empty((1, 1), dtype=torch.int64)
+        logits, next_token = self._fresh_outputs()
         threads = torch.get_num_threads()
         variants = self._variants_for(threads)
         rc = self._kernels.lib.qwen3_decode_step(
             self._dims.buffer_info()[0], self._eps, self._table.buffer_info()[0],
-            token, pos, variants.buffer_info()[0], logits.data_ptr(),
-            next_token.data_ptr(), threads,
+            *self._token_and_pos(cur_token, input_pos),
+            variants.buffer_info()[0], logits.data_ptr(), next_token.data_ptr(),
+            threads,
         )  # fmt: skip
         if rc == 1:
+            pos = int(input_pos.reshape(-1)[0])
             raise ValueError(
-                f"native decode step: token {token} must be in [0, "
+                f"native decode step: token {int(cur_token)} must be in [0, "
                 f"{self._vocab}) and position {pos} inside the KV cache "
                 f"({self.cache_length} slots; call setup_cache for more)"
             )

@@ -355,18 +355,23 @@ static void products_thread(const step_dims *d, const void *const *p,
     mv1(&ln.mc, x, d->E, p[G_HEAD], p[G_HEAD_SCALE], d->V, y);
 }
 
-/* Logits (bf16, vocab) for `token` at position `pos` and their argmax in
-   *next; its key and value are written into the caches first. The bf16
+/* Logits (bf16, vocab) for the token *token at position *pos and their
+   argmax in *next; its key and value are written into the caches first
+   (token and pos are read where the caller's tensors hold them: reading
+   them in Python took two torch calls, about 25 us with the caches cold
+   after a step). The bf16
    products run variant variants[0], the int8 ones variants[1] (indices
    of qwen3_variant_table). 0 on success, 1 for bad arguments, 2 when out
    of memory, 3 when the CPU cannot run a variant named. */
 int qwen3_decode_step(const long *dims, double eps_d, const void *const *p,
-                      long token, long pos, const int *variants,
-                      uint16_t *logits, long *next, int threads) {
+                      const int64_t *token_at, const int64_t *pos_at,
+                      const int *variants, uint16_t *logits, long *next,
+                      int threads) {
     step_dims d;
     step_buf b;
     mv_ctx c;
     const long long start = clocks_on ? clock_ns() : 0;
+    const long token = (long)*token_at, pos = (long)*pos_at;
     if (read_dims(dims, eps_d, token, pos, &d)) return 1;
     const int bad = read_variants(variants, &c);
     if (bad) return bad;

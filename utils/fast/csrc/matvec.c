@@ -633,8 +633,8 @@ int qwen3_matvec_int8(const void *x, int x_f32, const void *w,
    with OpenMP). */
 int qwen3_matvec_abi(void) {
 #ifdef _OPENMP
-    return 0x70001;
+    return 0x80001;
 #else
-    return 0x70000;
+    return 0x80000;
 #endif
 }
