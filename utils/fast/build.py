@@ -58,7 +58,7 @@ ENTRY_POINTS: dict[str, tuple[list, type]] = {
     "qwen3_matvec_bf16_multi": (_MULTI, _I),
     "qwen3_matvec_bf16_exact_multi": (_MULTI, _I),
     "qwen3_matvec_int8_multi": ([_P, _I, _I, _P, _P, _P, _P, _I, _L, _I], _I),
-    # dims, eps, table, token, pos, variants[2], logits, next, threads
+    # dims, eps, table, &token, &pos (int64), variants[2], logits, next, threads
     "qwen3_decode_step": ([_P, _D, _P, _P, _P, _P, _P, _P, _I], _I),
     "qwen3_step_products": ([_P, _P, _P, _I], _I),  # dims, table, variants, threads
     "qwen3_step_layout": ([], ctypes.c_char_p),
