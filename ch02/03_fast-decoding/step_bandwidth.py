@@ -11,7 +11,12 @@ machine by utils.fast.tuner, or forced with QWEN3_KERNEL_VARIANTS), the
 median step time, the GB/s it reads and the median of step-speed /
 sum-speed over the rounds (1.00 = at the memory limit), then that median
 in the slowest, middle and fastest third of the rounds by torch.sum's
-speed (a shared machine's memory changes speed from second to second).
+speed (a shared machine's memory changes speed from second to second),
+and beside it what one core alone reads (`torch.sum` on one thread, as a
+share of two). Where one core reads about half of what two do, each core
+streams at its own limit, and the time a core spends off the weights
+(attention, norms, waits, Python) is lost to the step: no other core can
+take up its share.
 The benchmark's share column times whole generations the same way (a
 torch.sum after each token) and, in brackets, compares a mode's median with
 the best of several 1 GiB probes, a stricter figure on a noisy machine.
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -64,41 +70,57 @@ def side_by_side(
             step = partial(model.decode_step, model, token, pos)
             pair = time_beside_sum(step, buffer, cpu)
             if r:
-                pairs.append(pair)
+                pairs.append((*pair, one_core_sum(buffer)))
     return [_row(name, *state[name]) for name in state]
 
 
+def one_core_sum(buffer: torch.Tensor) -> float:
+    """Seconds of one `torch.sum(buffer)` on a single thread (the thread
+    count is restored after it): what one core alone can read."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        start = time.perf_counter()
+        torch.sum(buffer)
+        return time.perf_counter() - start
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _row(name, model, _token, _buffer, nbytes, pairs) -> dict[str, Any]:
-    """The figures of one model from its (step s, sum s) pairs."""
-    step_s = statistics.median(s for s, _ in pairs)
+    """The figures of one model from its (step s, sum s, one-core sum s)
+    rounds."""
+    step_s = statistics.median(p[0] for p in pairs)
     return {
         "mode": name,
         "variant": model.decode_step.choice.summary(),
         "gb_per_token": nbytes / 1e9,
         "step_ms": step_s * 1e3,
         "step_gbps": nbytes / step_s / 1e9,
-        "sum_gbps": nbytes / statistics.median(t for _, t in pairs) / 1e9,
-        "ratio": statistics.median(t / s for s, t in pairs),
+        "sum_gbps": nbytes / statistics.median(p[1] for p in pairs) / 1e9,
+        "ratio": statistics.median(p[1] / p[0] for p in pairs),
         "thirds": by_memory_speed(pairs, nbytes),
     }
 
 
 def by_memory_speed(
-    pairs: list[tuple[float, float]], nbytes: int
-) -> list[tuple[float, float, float]]:
-    """The rounds sorted by `torch.sum`'s speed and cut in three (slowest
-    first): per third, its lowest and highest sum GB/s and the median step /
-    sum ratio. A shared machine's memory changes speed from second to
-    second, and a kernel may keep up in slow moments only."""
-    ordered = sorted(pairs, key=lambda p: -p[1])  # longest sum first
+    rounds: list[tuple[float, float, float]], nbytes: int
+) -> list[tuple[float, float, float, float]]:
+    """The rounds (step s, sum s, one-core sum s) sorted by `torch.sum`'s
+    speed and cut in three (slowest first): per third, its lowest and
+    highest sum GB/s, the median step / sum ratio and the median share one
+    core reads of what all read. A shared machine's memory changes speed
+    from second to second, and a kernel may keep up in slow moments only."""
+    ordered = sorted(rounds, key=lambda p: -p[1])  # longest sum first
     cut = [round(len(ordered) * k / 3) for k in range(4)]
     thirds = []
     for lo, hi in zip(cut, cut[1:], strict=False):
         part = ordered[lo:hi]
         if part:
-            speeds = [nbytes / t / 1e9 for _, t in part]
-            ratio = statistics.median(t / s for s, t in part)
-            thirds.append((min(speeds), max(speeds), ratio))
+            speeds = [nbytes / p[1] / 1e9 for p in part]
+            ratio = statistics.median(p[1] / p[0] for p in part)
+            one_core = statistics.median(p[1] / p[2] for p in part)
+            thirds.append((min(speeds), max(speeds), ratio, one_core))
     return thirds
 
 
@@ -187,11 +209,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['step_ms']:.1f} | {r['step_gbps']:.1f} | {r['sum_gbps']:.1f} | "
             f"{r['ratio']:.2f} |"
         )
-    print("\nThe rounds in thirds by torch.sum's speed (GB/s): step / sum")
+    print("\nThe rounds in thirds by torch.sum's speed (GB/s): step / sum "
+          "(in brackets: one core's torch.sum / all cores')")  # fmt: skip
     print("| step | slowest third | middle third | fastest third |")
     print("|---|---|---|---|")
     for r in rows:
-        cells = [f"{lo:.0f}-{hi:.0f}: {ratio:.2f}" for lo, hi, ratio in r["thirds"]]
+        cells = [f"{lo:.0f}-{hi:.0f}: {ratio:.2f} ({one:.2f})"
+                 for lo, hi, ratio, one in r["thirds"]]  # fmt: skip
         print(f"| {r['mode']} | " + " | ".join(cells) + " |")
     if args.clock_steps > 0:
         models = {"native bf16": bf16, "native int8": int8}

@@ -406,7 +406,9 @@ def test_step_bandwidth_script_times_each_step_next_to_a_sum():
         assert row["step_gbps"] == pytest.approx(
             row["gb_per_token"] / row["step_ms"] * 1e3
         )
-        assert [len(t) for t in row["thirds"]] == [3, 3, 3]  # 4 rounds: 1+2+1
+        # 4 rounds: 1+2+1; each third (lo, hi, step / sum, one core's share)
+        assert [len(t) for t in row["thirds"]] == [4, 4, 4]
+        assert all(0 < t[3] for t in row["thirds"])
         # steps ran at the prompt's next 3 positions, in the model's cache
         cache = model.trf_blocks[0].att.k_cache[0, 0]
         assert cache[5:8].abs().sum(dim=-1).gt(0).all()
@@ -418,18 +420,45 @@ def test_step_bandwidth_splits_the_rounds_by_the_sums_speed():
     """Thirds by torch.sum's speed, slowest first: each with its speed range
     and its own median step / sum ratio."""
     by_speed = _step_bandwidth_script().by_memory_speed
-    # (step s, sum s) over 1 GB: sums at 10, 20 and 50 GB/s, two each, in
-    # mixed order; the step keeps up at 10 GB/s only
-    pairs = [(0.04, 0.02), (0.1, 0.1), (0.06, 0.05), (0.1, 0.1),
-             (0.04, 0.02), (0.06, 0.05)]  # fmt: skip
+    # (step s, sum s, one-core sum s) over 1 GB: sums at 10, 20 and 50
+    # GB/s, two each, in mixed order; the step keeps up at 10 GB/s only,
+    # where one core reads as much as two; at 50 one core reads half
+    pairs = [(0.04, 0.02, 0.04), (0.1, 0.1, 0.1), (0.06, 0.05, 0.0625),
+             (0.1, 0.1, 0.1), (0.04, 0.02, 0.04), (0.06, 0.05, 0.0625)]  # fmt: skip
     thirds = by_speed(pairs, 10**9)
-    assert [(round(lo), round(hi)) for lo, hi, _ in thirds] == [
+    assert [(round(lo), round(hi)) for lo, hi, _, _ in thirds] == [
         (10, 10),
         (20, 20),
         (50, 50),
     ]
-    assert [r for _, _, r in thirds] == pytest.approx([1.0, 0.05 / 0.06, 0.5])
+    assert [r for _, _, r, _ in thirds] == pytest.approx([1.0, 0.05 / 0.06, 0.5])
+    assert [one for *_, one in thirds] == pytest.approx([1.0, 0.8, 0.5])
     assert len(by_speed(pairs[:2], 10**9)) == 2  # no empty third
+
+
+def test_step_bandwidth_times_one_core_on_one_thread(monkeypatch):
+    """The one-core sum runs on a single thread and gives the thread count
+    back, also when the sum fails."""
+    script = _step_bandwidth_script()
+    threads = torch.get_num_threads()
+    seen = []
+    real_sum = torch.sum
+
+    def counting_sum(t):
+        seen.append(torch.get_num_threads())
+        return real_sum(t)
+
+    monkeypatch.setattr(torch, "sum", counting_sum)
+    assert script.one_core_sum(torch.ones(1000)) > 0
+    assert seen == [1] and torch.get_num_threads() == threads
+
+    def failing_sum(t):
+        raise RuntimeError("no memory")
+
+    monkeypatch.setattr(torch, "sum", failing_sum)
+    with pytest.raises(RuntimeError):
+        script.one_core_sum(torch.ones(10))
+    assert torch.get_num_threads() == threads
 
 
 def test_a_library_with_another_table_layout_is_refused(monkeypatch, capsys):
