@@ -51,7 +51,8 @@ def side_by_side(
     GB/s read, the median ratio of step speed to `torch.sum` speed over the
     same bytes (timed in turn within each round), and that ratio in the
     slowest, middle and fastest third of the rounds by `torch.sum` speed
-    (its buffer on 2 MB pages where Linux gives them: `read_buffer`)."""
+    (its buffer on 2 MB pages where Linux gives them: `read_buffer`), with
+    the share one core reads there (a one-thread sum after each pair)."""
     from utils.benchmark import read_buffer, time_beside_sum, weight_bytes_per_token
     from utils.fast import prefill
 
