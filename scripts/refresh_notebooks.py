@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Plain printed fallbacks instead of widgets, as under nbval (see
     # utils/widgets.py); their outputs are not stored anyway.
-    os.environ.setdefault("UTILS_NO_WIDGETS", "1")
+    os.environ.setdefault("QWEN3_NO_WIDGETS", "1")
 
     try:
         notebooks = find_notebooks(args.paths)

@@ -110,7 +110,7 @@ class Lab:
             k: v
             for k, v in os.environ.items()
             # The kernel would inherit these and show plain text, not widgets.
-            if k not in {"PYTEST_CURRENT_TEST", "UTILS_NO_WIDGETS"}
+            if k not in {"PYTEST_CURRENT_TEST", "QWEN3_NO_WIDGETS"}
         }
         dirs = {
             "JUPYTER_CONFIG_DIR": "config",

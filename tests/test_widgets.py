@@ -28,9 +28,9 @@ def test_detection_rules(monkeypatch):
     # pytest itself (and nbval kernels, which inherit the variable) -> plain
     assert widgets.widgets_enabled() is False
     monkeypatch.delenv("PYTEST_CURRENT_TEST")
-    monkeypatch.setenv("UTILS_NO_WIDGETS", "1")
+    monkeypatch.setenv("QWEN3_NO_WIDGETS", "1")
     assert widgets.widgets_enabled() is False
-    monkeypatch.delenv("UTILS_NO_WIDGETS")
+    monkeypatch.delenv("QWEN3_NO_WIDGETS")
     # Not inside an IPython kernel (this test process) -> plain
     assert widgets.widgets_enabled() is False
 

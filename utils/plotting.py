@@ -5,7 +5,7 @@ cell, so a chart cell writes its labels through `chart_text`:
 
     ax.set_title(chart_text("KV cache memory of Qwen3 0.6B"))
 
-In a notebook that runs in a folder named `zh` (or with `CH02_LANG=zh`) this
+In a notebook that runs in a folder named `zh` (or with `QWEN3_LANG=zh`) this
 returns the Chinese label from `ZH_CHART_TEXT` and makes matplotlib use a CJK
 font; elsewhere it returns the English text unchanged. Where no CJK font is
 installed the labels stay English and one warning says which font to install,
@@ -15,11 +15,12 @@ so a chart never shows empty boxes in place of characters.
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from pathlib import Path
 
-LANG_ENV = "CH02_LANG"
+from utils import settings
+
+LANG_ENV = "QWEN3_LANG"
 
 # Font family names (as matplotlib reports them) with Chinese glyphs, most
 # common first: Linux (Noto/Source Han/WenQuanYi), Windows (YaHei, SimHei),
@@ -93,8 +94,8 @@ _warned_no_font = False
 
 
 def notebook_language() -> str:
-    """ "zh" for a notebook in a `zh` folder (or `CH02_LANG=zh`), else "en"."""
-    lang = os.environ.get(LANG_ENV, "").strip().lower()
+    """ "zh" for a notebook in a `zh` folder (or `QWEN3_LANG=zh`), else "en"."""
+    lang = (settings.text(LANG_ENV) or "").lower()
     if lang in {"zh", "en"}:
         return lang
     return "zh" if Path.cwd().name == "zh" else "en"

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from utils import provenance
+from utils import provenance, settings
 from utils.fileio import atomic_output, atomic_place, atomic_write_bytes
 from utils.provenance import print_standin_banner
 
@@ -56,23 +56,20 @@ SEEDS = {"base": 20250601, "reasoning": 20250602}
 
 def standin_enabled() -> bool:
     """True when `QWEN3_STANDIN` asks for offline stand-ins (1/true/yes/on)."""
-    return os.environ.get(STANDIN_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+    return settings.flag(STANDIN_ENV)
 
 
 def standin_cache_dir() -> Path:
     """Where built stand-ins are kept (`QWEN3_STANDIN_CACHE` or ~/.cache)."""
-    root = os.environ.get(CACHE_ENV)
-    if root:
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))
-    return Path(xdg) / "qwen3-ch02-standin"
+    root = settings.text(CACHE_ENV)
+    return Path(root).expanduser() if root else settings.cache_root() / "standin"
 
 
 def standin_files_dir() -> Path:
     """Where stand-in mode puts its files: `QWEN3_STANDIN_DIR`, else
     `files/` in the stand-in cache; never a folder for real downloads."""
-    root = os.environ.get(DIR_ENV)
-    return Path(root) if root else standin_cache_dir() / "files"
+    root = settings.text(DIR_ENV)
+    return Path(root).expanduser() if root else standin_cache_dir() / "files"
 
 
 def refuse_to_replace_real(path: str | os.PathLike) -> None:

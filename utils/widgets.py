@@ -10,13 +10,13 @@
 
 When widgets cannot be shown, each function prints a plain result instead and
 returns None. Plain mode is used when `plain=True` is passed, when the
-environment variable UTILS_NO_WIDGETS is 1/true/yes/on, when ipywidgets is not
+environment variable QWEN3_NO_WIDGETS is 1/true/yes/on, when ipywidgets is not
 installed, when the code does not run inside a Jupyter (ipykernel) kernel,
 e.g. in a script or the terminal IPython, or when PYTEST_CURRENT_TEST is set
 (pytest, and notebook kernels that nbval starts, inherit it). `plain=False`
 forces widgets, e.g. to build them in tests without a browser. A kernel
 cannot tell whether its frontend renders widgets (plain `jupyter nbconvert`
-does not), so set UTILS_NO_WIDGETS=1 there.
+does not), so set QWEN3_NO_WIDGETS=1 there.
 
 Stopping: the generation panel decodes in a background thread. The cell that
 starts it returns at once, so the kernel is free to handle the Stop click,
@@ -35,7 +35,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-NO_WIDGETS_ENV = "UTILS_NO_WIDGETS"
+from utils import settings
+
+NO_WIDGETS_ENV = "QWEN3_NO_WIDGETS"
 DEFAULT_PROMPT = "Explain large language models."
 
 
@@ -44,7 +46,7 @@ def widgets_enabled(plain: bool | None = None) -> bool:
     the module docstring for the rules. `plain` overrides them."""
     if plain is not None:
         return not plain
-    if os.environ.get(NO_WIDGETS_ENV, "").strip().lower() in {"1", "true", "yes", "on"}:
+    if settings.flag(NO_WIDGETS_ENV):
         return False
     if "PYTEST_CURRENT_TEST" in os.environ:
         return False

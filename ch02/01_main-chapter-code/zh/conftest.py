@@ -1,9 +1,11 @@
 """The Chinese notebooks share every code cell with the English ones, which
 nbval already executes; `tests/test_zh_notebooks.py` keeps the two in step.
 So by default pytest does not execute them again (the suite's time budget);
-set `CH02_ZH_NOTEBOOKS=1` to run them under nbval as well."""
+set `QWEN3_ZH_NOTEBOOKS=1` to run them under nbval as well."""
 
 import os
 
-if os.environ.get("CH02_ZH_NOTEBOOKS", "").strip().lower() not in {"1", "true", "yes"}:
+from utils.settings import is_true
+
+if not is_true(os.environ.get("QWEN3_ZH_NOTEBOOKS")):
     collect_ignore_glob = ["*.ipynb"]
