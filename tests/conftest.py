@@ -53,6 +53,18 @@ def kernels():
     return loaded
 
 
+@pytest.fixture(scope="session")
+def test_kernels():
+    """The library's test build (utils.fast.build: the same kernels plus
+    tests/fast/csrc's entry points); skips where it cannot be built."""
+    from utils.fast import get_kernels
+
+    loaded = get_kernels(testing=True)
+    if loaded is None:
+        pytest.skip("the AVX2 kernel cannot be built on this machine")
+    return loaded
+
+
 @pytest.fixture(scope="module")
 def fast_tiny():
     """(the book's model, a FastQwen3 sharing its weights) on the tiny
@@ -80,20 +92,3 @@ def exact_calls(monkeypatch):
 
     monkeypatch.setattr(Kernels, "matvec_multi", spy)
     return calls
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _kernel_variants_untimed():
-    """No test times the native step's kernel variants unless it asks:
-    QWEN3_KERNEL_VARIANTS=default (the AVX2 kernels, also in the commands
-    tests start) unless the run sets it; tests of the tuner and of each
-    variant pass their own setting."""
-    import os
-
-    from utils.fast.tuner import ENV
-
-    given = ENV in os.environ
-    os.environ.setdefault(ENV, "default")
-    yield
-    if not given:
-        os.environ.pop(ENV, None)

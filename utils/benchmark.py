@@ -52,18 +52,29 @@ from utils.fileio import atomic_write_text
 
 @dataclass(frozen=True)
 class Mode:
-    """One row of the benchmark: how its model is built and run."""
+    """One row of the benchmark: how its model is built and run. The fast
+    decoder's rows are its registry's paths (`utils.fast.PATHS`)."""
 
     name: str
     note: str
     family: str  # "book", "optimized", "fast" or "hf"
     compiled: bool = False
     cache: bool = True  # the book's modes: with its KVCache
-    scope: str = "step"  # fast_*: what compile_decode compiles
     int8: bool = False
-    native: bool = False
     cpu_only: bool = False  # its kernels exist on CPUs only
     slow_on_cpu: bool = False  # minutes at 100 tokens: run only when asked
+    by_default: bool = True  # run when no modes are named
+
+
+def _fast_modes() -> tuple[Mode, ...]:
+    from utils.fast.paths import PATHS
+
+    return tuple(
+        Mode(p.name, p.summary, "fast", compiled=p.compile is not None,
+             int8=p.int8, cpu_only=p.int8 or p.native,
+             by_default=p.in_default_run)
+        for p in PATHS
+    )  # fmt: skip
 
 
 MODES = (
@@ -76,22 +87,11 @@ MODES = (
     Mode("optimized", "book package's qwen3_optimized", "optimized"),
     Mode("optimized_compiled", "book package's qwen3_optimized, torch.compile",
          "optimized", compiled=True),
-    Mode("fast", "static cache, eager", "fast"),
-    Mode("fast_compiled", "static cache, compiled decode step", "fast",
-         compiled=True),
-    Mode("fast_block_compiled", "static cache, one compiled block for all layers",
-         "fast", compiled=True, scope="block"),
-    Mode("fast_int8", "static cache, int8 weights, compiled (approximate)",
-         "fast", compiled=True, int8=True, cpu_only=True),
-    Mode("fast_native", "static cache, whole step in one C call (CPU)", "fast",
-         native=True, cpu_only=True),
-    Mode("fast_native_int8", "one C call per step, int8 weights (approximate)",
-         "fast", int8=True, native=True, cpu_only=True),
+    *_fast_modes(),
     Mode("hf_static", "transformers generate, static cache", "hf"),
 )  # fmt: skip
 MODE_BY_NAME = {m.name: m for m in MODES}
 ALL_MODES = tuple(MODE_BY_NAME)
-PAIRED_ROUNDS = 30  # decode steps each timed beside a torch.sum of its bytes
 MODE_NOTES = {m.name: m.note for m in MODES}
 BASELINE_MODE = "kv_cache"
 SLOW_ON_CPU = tuple(m.name for m in MODES if m.slow_on_cpu)
@@ -133,7 +133,7 @@ ROW_FIELDS = (
     "memory_kind",
     "ratio_vs_kv_cache",
     "compiled",
-    "kernel_variant",
+    "kernels",
     "note",
 )
 
@@ -142,8 +142,8 @@ def default_modes(device: torch.device) -> list[str]:
     """The modes run when none are named: int8 and native only on CPU, where
     their kernels exist; the uncached book modes everywhere but on a CPU."""
     if device.type == "cpu":
-        return [m.name for m in MODES if not m.slow_on_cpu]
-    return [m.name for m in MODES if not m.cpu_only]
+        return [m.name for m in MODES if m.by_default and not m.slow_on_cpu]
+    return [m.name for m in MODES if m.by_default and not m.cpu_only]
 
 
 def _log(text: str) -> None:
@@ -469,132 +469,6 @@ def _forget_compiled_code() -> None:
         clear()
 
 
-_NOT_WEIGHTS = ("cache", "cos", "sin", "positions", "mask", "inv_freq")
-
-
-def weight_bytes_per_token(model: torch.nn.Module) -> int:
-    """Bytes of weights one decode step reads: every parameter and weight
-    buffer once (shared tensors once), of an embedding table only one row
-    unless the same tensor is also the output layer."""
-
-    def is_embedding(module: torch.nn.Module) -> bool:
-        return isinstance(module, torch.nn.Embedding) or getattr(
-            module, "is_embedding", False
-        )
-
-    embedding_ptrs = set()
-    for module in model.modules():
-        if is_embedding(module):
-            for t in [
-                *module.parameters(recurse=False),
-                *module.buffers(recurse=False),
-            ]:
-                if t is not None and t.dim() == 2:
-                    embedding_ptrs.add(t.data_ptr())
-    seen, total, row_bytes = set(), 0, 0
-    for module in model.modules():
-        tensors = list(module.named_parameters(recurse=False))
-        tensors += list(module.named_buffers(recurse=False))
-        for name, t in tensors:
-            if t is None or any(word in name for word in _NOT_WEIGHTS):
-                continue
-            if is_embedding(module):
-                if t.dim() == 2:
-                    row_bytes = max(row_bytes, t[0].numel() * t.element_size())
-                continue
-            if t.data_ptr() in seen:
-                continue
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-    tied = bool(embedding_ptrs & seen)
-    return total + (0 if tied else row_bytes)
-
-
-def read_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
-    """A float32 buffer of ones, `nbytes` long (at least one value), for
-    `torch.sum` to read as the memory's speed of the moment. On a CPU it
-    lies on 2 MB pages where Linux gives them, as the native step's weights
-    do: a buffer on 4 KB pages understates the memory (on a 2-core Zen 4
-    VM `torch.sum` read 1.2-1.3x faster from 2 MB pages), and a step could
-    then read "faster than memory"."""
-    count = max(nbytes // 4, 1)
-    if device.type == "cpu":
-        from utils.fast.hugepages import huge_page_empty, huge_pages_enabled
-
-        if huge_pages_enabled():
-            return huge_page_empty(count * 4).view(torch.float32).fill_(1.0)
-    return torch.ones(count, device=device)
-
-
-def time_beside_sum(
-    step: Callable[[], Any], buffer: torch.Tensor, device: torch.device
-) -> tuple[float, float]:
-    """(seconds of one `step()`, seconds of one `torch.sum(buffer)` right
-    after it): one round of a step timed beside a pure read of its bytes."""
-    synchronize(device)
-    start = time.perf_counter()
-    step()
-    synchronize(device)
-    mid = time.perf_counter()
-    torch.sum(buffer)
-    synchronize(device)
-    return mid - start, time.perf_counter() - mid
-
-
-def paired_share(
-    stream: Callable[[], Iterable[Any]],
-    nbytes: int,
-    device: torch.device,
-    rounds: int = PAIRED_ROUNDS,
-) -> tuple[float, float] | None:
-    """(share, GB/s): over up to `rounds` decode steps of one generation,
-    the median of (step's read speed) / (`torch.sum`'s speed over a buffer
-    of the `nbytes` the step reads, timed right after it), 1.0 being the
-    memory's speed of the moment, and the median speed of those sums (the
-    moment it was measured in). None with fewer than 3 steps."""
-    tokens = iter(stream())
-    if next(tokens, None) is None:  # the first token is the prompt's
-        return None
-    buffer = read_buffer(nbytes, device)
-    torch.sum(buffer)  # start the threads
-    end = object()
-    last: list[Any] = [None]
-
-    def step() -> None:
-        last[0] = next(tokens, end)
-
-    ratios, sums = [], []
-    for _ in range(rounds):
-        step_s, sum_s = time_beside_sum(step, buffer, device)
-        if last[0] is end:
-            break
-        ratios.append(sum_s / max(step_s, 1e-12))
-        sums.append(sum_s)
-    if hasattr(tokens, "close"):  # a generator: stop it here
-        tokens.close()
-    if len(ratios) < 3:
-        return None
-    return statistics.median(ratios), nbytes / statistics.median(sums) / 1e9
-
-
-def measure_read_bandwidth(
-    device: torch.device, size_bytes: int = 1 << 30, repeats: int = 5
-) -> float:
-    """The memory read speed in bytes/s: best of `repeats` `torch.sum` over
-    a float32 buffer of `size_bytes` on `device` (`read_buffer`)."""
-    buf = read_buffer(size_bytes, device)
-    torch.sum(buf)  # warm-up: start the threads
-    best = float("inf")
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        torch.sum(buf)
-        synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    del buf
-    return size_bytes / best
-
-
 # ---------------------------------------------------------------------------
 # The benchmark
 # ---------------------------------------------------------------------------
@@ -675,18 +549,15 @@ def _prepare_optimized(mode: Mode, book, token_ids, n) -> _Prepared:
 
 
 def _prepare_fast(mode: Mode, book, token_ids, n) -> _Prepared:
-    from utils.fast import FastQwen3, generate, quantize_int8
+    from utils.fast import generate, get_path
 
-    fast = FastQwen3.from_book_model(book)
-    if mode.int8:
-        fast = quantize_int8(fast)
-    if mode.compiled:
-        fast.compile_decode(scope=mode.scope)
-    if mode.native:
-        reason = fast.native_unsupported_reason()
-        if reason is not None:
-            raise ModeSkipped(reason)
-        fast.use_native_step()
+    path = get_path(mode.name)
+    reason = path.unavailable(token_ids.device)
+    if reason is not None:
+        raise ModeSkipped(reason)
+    fast = path.build(book, token_ids=token_ids, max_new_tokens=n)
+    if path.native and fast.native_unsupported_reason() is not None:
+        raise ModeSkipped(fast.native_unsupported_reason())
     return _Prepared(lambda: generate(fast, token_ids, n), fast)
 
 
@@ -835,6 +706,8 @@ class _Run:
     def all(
         self, modes: list[str], cold_compile: bool, probe_bytes: int
     ) -> list[dict[str, Any]]:
+        from utils.fast import measure_read_bandwidth
+
         first = before = measure_read_bandwidth(self.dev, probe_bytes)
         self.log(
             f"[benchmark] memory read speed ({self.dev.type}, torch.sum over "
@@ -874,6 +747,8 @@ class _Run:
 
     def mode(self, mode: Mode) -> dict[str, Any] | None:
         """One row for `mode`, or None (after one line) if it is skipped."""
+        from utils.fast import describe_step, paired_share
+
         if mode.compiled:
             _forget_compiled_code()  # every compiled mode starts from scratch
         with _PeakMemory(self.dev) as mem:
@@ -895,7 +770,7 @@ class _Run:
             None if cached is None else prepare_s + cached["total_s"]
         )
         _add_memory(row, prep.model, self.book, mem)
-        row["kernel_variant"] = kernel_variant(prep.model)
+        row["kernels"] = describe_step(prep.model)
         paired = None
         if prep.timer is _time_stream:  # tokens come one by one
             paired = paired_share(prep.stream, row["weight_bytes_per_token"], self.dev)
@@ -946,6 +821,8 @@ def _add_memory(row: dict[str, Any], model, book, mem: _PeakMemory) -> None:
         "Memory the mode uses: loaded weights it reads in place + peak "
         f"growth ({mem.kind}), at least its own tensors"
     )
+    from utils.fast import weight_bytes_per_token
+
     row["weight_bytes_per_token"] = weight_bytes_per_token(model)
     row["weight_read_gbps"] = (
         row["weight_bytes_per_token"] * row["tokens_per_sec"] / 1e9
@@ -1019,23 +896,13 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
                 )
 
 
-def kernel_variant(model: Any) -> str | None:
-    """Which kernel variants a native mode's step ran and how they were
-    chosen (e.g. "bf16_exact_avx512 (tuned)"); None for other modes."""
-    step = getattr(model, "decode_step", None)
-    if getattr(step, "kind", "") != "native":
-        return None
-    return step.choice.summary()
-
-
-def describe_variants(rows: Sequence[Mapping[str, Any]]) -> str | None:
-    """One line naming the kernel variant each native mode ran (None
-    without native rows)."""
-    key = "kernel_variant"
-    ran = [f"{r['mode']}: {r[key]}" for r in rows if r.get(key)]
+def describe_kernels(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """One line naming the kernels each native mode ran (None without
+    native rows)."""
+    ran = [f"{r['mode']}: {r['kernels']}" for r in rows if r.get("kernels")]
     if not ran:
         return None
-    return "Kernel variants the native modes ran: " + "; ".join(ran) + "."
+    return "Kernels the native modes ran: " + "; ".join(ran) + "."
 
 
 def describe_choice(rows: Sequence[Mapping[str, Any]]) -> str | None:
@@ -1307,9 +1174,9 @@ def _report(rows: list[dict[str, Any]], args) -> None:
     choice = describe_choice(rows)
     if choice:
         print(choice)
-    variants = describe_variants(rows)
-    if variants:
-        print(variants)
+    kernels = describe_kernels(rows)
+    if kernels:
+        print(kernels)
     for path, writer in ((args.json, write_json), (args.csv, write_csv)):
         if path:
             _log(f"wrote {writer(rows, path)}")

@@ -159,44 +159,27 @@ def _files(args: argparse.Namespace, kind: str) -> tuple[Path, Path, bool]:
 
 
 def _load_model(args: argparse.Namespace, path: Path, device: Any) -> Any:
-    """The book's model, or with --fast the fast model built straight from
-    the checkpoint (with --int8 quantized layer by layer: the bf16 weights
-    are never all in memory). One UsageError line for a bad file."""
+    """The book's model (`utils.models.load_book_model`: the checkpoint's
+    tensors memory-mapped, not copied); one UsageError line for a bad file
+    or for --fast options that cannot run on this device."""
     from utils import models
 
+    if args.fast:  # options that cannot work here fail before loading
+        from utils.fast import path_for
+
+        try:
+            path_for(device, args.int8, args.compile, say=lambda _: None)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     try:
         state_dict = models.read_checkpoint(path)
-        if not args.fast:
-            # the model takes the loaded tensors (no random init, no copy)
-            return models.load_book_model(state_dict, device)
-        problems = models.shape_problems(state_dict, tied_head_ok=True)
-        if problems:
-            raise models.CheckpointError(
-                f"not the weights of this model: {models.summarize_problems(problems)}"
-            )
+        return models.load_book_model(state_dict, device)
     except models.CheckpointError as exc:
         raise UsageError(
             f"could not load the model weights from {path} ({exc}); the file is "
             "damaged or not a Qwen3 0.6B checkpoint: delete it and run again to "
             "download it again."
         ) from None
-    del state_dict
-    return _fast_from_checkpoint(args, path, device)
-
-
-def _fast_from_checkpoint(args: argparse.Namespace, path: Path, device: Any) -> Any:
-    from utils.fast import FastQwen3
-    from utils.streaming import INT8_NOTE
-
-    fast = FastQwen3.from_checkpoint(path, int8=args.int8)
-    if args.int8:
-        _status(INT8_NOTE)
-    if fast.device != device:
-        fast = fast.to(device)
-    if not args.compile and device.type == "cpu" and fast.use_native_step():
-        kernel = fast.decode_step.choice.summary()
-        _status(f"fast path: native decode step (one C call per token), {kernel}")
-    return fast
 
 
 def load(args: argparse.Namespace, kind: str, **tokenizer_kwargs: Any) -> Loaded:
@@ -218,8 +201,8 @@ def load(args: argparse.Namespace, kind: str, **tokenizer_kwargs: Any) -> Loaded
         ) from None
     _status(f"Loading {model_path} ...")
     model = _load_model(args, model_path, device)
-    fast = model if args.fast else None
-    streamer = GreedyStreamer(model, int8=args.int8, fast_model=fast)
+    # with --fast the fast model takes the weights over (int8 frees bf16's)
+    streamer = GreedyStreamer(model, int8=args.int8, adopt=args.fast)
     return Loaded(tokenizer, model, device, streamer, standin)
 
 

@@ -7,18 +7,30 @@ and, if compiling fails, explains why and hands back the eager model so the
 notebook can carry on.
 
 Every compile here first applies the book's dynamo setting
-(`apply_book_dynamo_setting`), so compiled models behave as in Chapter 2.
+(`apply_book_dynamo_setting`), so compiled models behave as in Chapter 2,
+and keeps inductor's compiled code apart per `ATEN_CPU_CAPABILITY`
+(`separate_inductor_cache`).
 """
 
 from __future__ import annotations
 
+import getpass
+import os
 import platform
+import re
+import tempfile
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from utils import settings
+from utils.device import torch_version
+from utils.log import get_logger
+
+_log = get_logger(__name__)
 
 # (substrings of the error text, case-sensitive; advice); first match wins
 _HINTS: tuple[tuple[tuple[str, ...], str], ...] = (
@@ -84,10 +96,39 @@ class CompileResult:
 BOOK_SETTING_MIN_TORCH = (2, 8)
 
 
-def torch_version() -> tuple[int, int]:
-    """(major, minor) of the installed PyTorch, e.g. (2, 10)."""
-    major, minor = torch.__version__.split(".")[:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+def _default_inductor_dir() -> str:
+    """Inductor's default cache folder, by its own rule (`default_cache_dir`
+    in torch/_inductor/runtime/cache_dir_utils.py). Computed here: importing
+    inductor sets TORCHINDUCTOR_CACHE_DIR to it as a side effect."""
+    try:
+        user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    except (KeyError, OSError):  # no name for this uid
+        user = str(os.getuid()) if hasattr(os, "getuid") else "user"
+    return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+
+
+def separate_inductor_cache() -> str:
+    """Point inductor at a subfolder of its cache per `ATEN_CPU_CAPABILITY`
+    (unless the reader set `TORCHINDUCTOR_CACHE_DIR`), and return the folder.
+
+    Why: inductor's FX-graph cache does not key on the capability, and code
+    compiled under one capability, reused by a process running under
+    another, crashes it with SIGBUS (torch 2.10). Called before every
+    compile here. A reader's own `TORCHINDUCTOR_CACHE_DIR` is left alone;
+    inductor's default (which importing inductor writes into the variable)
+    and our own subfolders are not the reader's."""
+    given = os.path.normpath(settings.text("TORCHINDUCTOR_CACHE_DIR") or ".")
+    default = os.path.normpath(_default_inductor_dir())
+    ours = os.path.dirname(given) == default and os.path.basename(given).startswith(
+        "capability-"
+    )
+    if given not in (".", default) and not ours:
+        return given
+    base = default
+    capability = (settings.text("ATEN_CPU_CAPABILITY") or "native").lower()
+    folder = os.path.join(base, f"capability-{capability}")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    return folder
 
 
 def apply_book_dynamo_setting() -> bool:
@@ -108,8 +149,10 @@ def apply_book_dynamo_setting() -> bool:
 
 def book_compile(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
     """`torch.compile(model)` the way the book does it: the book's dynamo
-    setting first (see `apply_book_dynamo_setting`)."""
+    setting first (see `apply_book_dynamo_setting`), and its compiled code
+    kept apart per CPU capability (`separate_inductor_cache`)."""
     apply_book_dynamo_setting()
+    separate_inductor_cache()
     return torch.compile(model, **compile_kwargs)
 
 
@@ -154,9 +197,9 @@ def try_compile(
 ) -> CompileResult:
     """Compile `model` and run `warmup(compiled_model)` to build the kernels.
 
-    If compiling fails, print the reason and a fix (unless `quiet`) and return
-    the eager `model` instead. If `warmup` also fails in eager mode, the error
-    has nothing to do with compiling and is raised.
+    If compiling fails, say the reason and a fix on stderr (unless `quiet`)
+    and return the eager `model` instead. If `warmup` also fails in eager
+    mode, the error has nothing to do with compiling and is raised.
     `compile_kwargs` go to `torch.compile` (e.g. `backend`, `mode`).
     Like the book, it sets `allow_unspec_int_on_nn_module` first (PyTorch
     >= 2.8) so the KV-cache model's moving position does not recompile
@@ -177,16 +220,18 @@ def try_compile(
         torch._dynamo.reset()  # drop half-built graphs and guards
         warmup(model)  # raises if the problem is not the compiler
         if not quiet:
-            print(f"torch.compile failed on {platform.system()}: {error}")
-            print(f"How to fix: {hint}")
-            print("Continuing with the uncompiled (eager) model.")
+            _log.warning(
+                "torch.compile failed on %s: %s\nHow to fix: %s\n"
+                "Continuing with the uncompiled (eager) model.",
+                platform.system(), error, hint,
+            )  # fmt: skip
         return CompileResult(model=model, compiled=False, error=error, hint=hint)
     return CompileResult(model=compiled, compiled=True)
 
 
 def compiler_works(device: torch.device | str = "cpu", quiet: bool = False) -> bool:
     """Compile and run a two-layer toy model on `device` (a few seconds):
-    True if the toolchain works, else print why and how to fix it."""
+    True if the toolchain works, else say why and how to fix it (stderr)."""
     torch.manual_seed(0)
     toy = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.SiLU())
     toy = toy.to(device)

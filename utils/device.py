@@ -7,16 +7,19 @@ setting that the installed PyTorch version actually reads.
 
 from __future__ import annotations
 
+import itertools
 import platform
 import sys
 
 import torch
 
 
-def _torch_version() -> tuple[int, int]:
-    """The installed torch version as (major, minor), ignoring local tags."""
+def torch_version() -> tuple[int, int]:
+    """The installed torch version as (major, minor), e.g. (2, 10): local
+    tags ("+cpu") and pre-release suffixes ("0a0") ignored."""
     major, minor = torch.__version__.split("+")[0].split(".")[:2]
-    return int(major), int(minor)
+    digits = "".join(itertools.takewhile(str.isdigit, minor))
+    return int(major), int(digits or 0)
 
 
 def enable_tf32() -> None:
@@ -27,7 +30,7 @@ def enable_tf32() -> None:
     keep using the old flags; 2.11 and newer use the new ones. That is what the
     book's package (0.2.0) does; the printed Listing 2.1 switches at 2.9.
     """
-    if _torch_version() >= (2, 11):
+    if torch_version() >= (2, 11):
         torch.backends.cuda.matmul.fp32_precision = "tf32"
         torch.backends.cudnn.conv.fp32_precision = "tf32"
     else:
@@ -90,7 +93,7 @@ def supports_bf16(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     if device.type == "mps":
-        return _torch_version() >= (2, 5)
+        return torch_version() >= (2, 5)
     return True
 
 

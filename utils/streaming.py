@@ -19,7 +19,6 @@ with no text; it is written visibly as ``<unk:151771>`` and generation goes on.
 from __future__ import annotations
 
 import codecs
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -67,85 +66,49 @@ def decode_bytes(tokenizer: Any, token_ids: Sequence[int]) -> str:
 # Token ids from the chosen decode path
 # --------------------------------------------------------------------------
 
-INT8_NOTE = (
-    "fast path: weight-only int8 (about half the bytes per token; "
-    "approximate, tokens can differ from bf16's)"
-)
-
-
-def _note(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
 
 class GreedyStreamer:
     """Streams greedy token ids from one model with the chosen decode path.
 
-    Variants are built on first use and kept: `compile` compiles the book's
+    Paths are built on first use and kept: `compile` compiles the book's
     model the book's way (`utils.compile.book_compile`: minutes once on a
-    CPU), `fast` uses `utils.fast` (static KV cache; on CPUs the native
-    one-call step where it can run; `compile` then compiles its transformer
-    block and keeps eager, compiled or native, whichever `pick_faster`
-    measures fastest here). The plain paths are `utils.generation`'s
-    generators. `fast_model` hands over a fast model built elsewhere (the
-    CLI loads one straight from the checkpoint, int8 included).
+    CPU); `fast` asks the fast decoder's registry (`utils.fast.path_for`)
+    which of its paths the switches mean on this device and builds it for
+    the book's model (`int8`: with weight-only int8 layers). The plain paths
+    are `utils.generation`'s generators. `adopt=True` hands the book model's
+    weights to the first fast model built (the command line's `--fast`:
+    int8 can then free each bf16 matrix as it quantizes); `model` then
+    names that fast model.
     """
 
     def __init__(
-        self, model: torch.nn.Module, int8: bool = False, fast_model: Any = None
+        self, model: torch.nn.Module, int8: bool = False, adopt: bool = False
     ) -> None:
         self.model = model
         self.int8 = int8  # the fast path with weight-only int8 (approximate)
+        self.adopt = adopt
         self._compiled: torch.nn.Module | None = None
-        self._fast: Any = fast_model
-        self._fast_compiled = False
-        self.fast_choice: dict[str, Any] | None = None  # set by pick_faster
+        self._fast: dict[str, Any] = {}  # path name -> its fast model
 
-    def _build_fast(self) -> Any:
-        from utils.fast import FastQwen3, quantize_int8
-
-        fast = FastQwen3.from_book_model(self.model)
-        if self.int8:
-            quantize_int8(fast)  # the book's bf16 model stays as is
-            _note(INT8_NOTE)
-        return fast
+    @property
+    def fast_choice(self) -> dict[str, Any] | None:
+        """What `pick_faster` measured for a compiled fast path (or None)."""
+        picked = [getattr(m, "picked", None) for m in self._fast.values()]
+        return next((p for p in picked if p is not None), None)
 
     def _fast_model(
-        self,
-        compile: bool,
-        token_ids: torch.Tensor | None = None,
-        max_new_tokens: int | None = None,
+        self, compile: bool, token_ids: torch.Tensor, max_new_tokens: int
     ) -> Any:
-        if self._fast is None:
-            self._fast = self._build_fast()
-            # on a CPU: one C call per token where it can run (no compile)
-            if not compile and self._fast.device.type == "cpu":
-                if self._fast.use_native_step():
-                    _note("fast path: native decode step (one C call per token)")
-        if compile and not self._fast_compiled:
-            self._compile_fast(token_ids, max_new_tokens)
-        return self._fast
+        from utils.fast import path_for
 
-    def _compile_fast(
-        self, token_ids: torch.Tensor | None, max_new_tokens: int | None
-    ) -> None:
-        """Compile the block (shared by all layers: seconds, not minutes),
-        then keep the fastest of eager, compiled and native here."""
-        from utils.fast import pick_faster
-
-        self._fast.compile_decode(scope="block")
-        self._fast_compiled = True
-        if token_ids is None:
-            return
-        pick = pick_faster(self._fast, token_ids, max_new_tokens=max_new_tokens)
-        self.fast_choice = pick
-        native = pick["native_s"]
-        native = "" if native is None else f", native {native * 1000:.0f}"
-        _note(
-            f"fast path: {pick['choice']} decoding is fastest here "
-            f"(eager {pick['eager_s'] * 1000:.0f}, compiled "
-            f"{pick['compiled_s'] * 1000:.0f}{native} ms per token; "
-            f"compiling took {pick['compile_s']:.1f} s)"
-        )
+        path = path_for(token_ids.device, int8=self.int8, compile=compile)
+        if path.name not in self._fast:
+            adopt = self.adopt and not self._fast
+            fast = path.build(self.model, token_ids, max_new_tokens, adopt=adopt)
+            self._fast[path.name] = fast
+            if adopt:
+                self.model = fast
+        return self._fast[path.name]
 
     def _book_model(self, compile: bool) -> torch.nn.Module:
         if not compile:

@@ -7,20 +7,17 @@ For each pair (reference, candidate) it follows the reference's greedy
 continuation of each prompt (teacher-forced) and prints the share of steps
 where both pick the same token, the largest logit difference relative to the
 largest reference logit, and the share of prompts whose free-running greedy
-continuations are identical (`int8_agreement` below).
+continuations are identical (`int8_agreement` below). The candidates are
+the fast decoder's registry paths `fast_native`, `fast_eager_int8` and
+`fast_native_int8`, against `fast` (eager bf16).
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 PROMPTS = [
     "Explain large language models in a single sentence.",
@@ -96,50 +93,75 @@ def _teacher_forced(
     return same, steps, worst
 
 
-def main(argv: list[str] | None = None) -> int:
+CANDIDATES = (
+    ("native (bf16)", "fast_native"),
+    ("int8, eager", "fast_eager_int8"),
+    ("int8, native", "fast_native_int8"),
+)
+
+
+def _parser():
+    from utils.errors import CommandParser
+
+    parser = CommandParser(
+        prog="agreement.py",
+        description="How close the approximate fast paths (native, int8) are "
+        "to the eager bf16 fast path.",
+    )
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        default=8,
+        help=f"how many of the {len(PROMPTS)} built-in prompts",
+    )
+    parser.add_argument(
+        "--tokens", type=int, default=30, help="greedy tokens per prompt"
+    )
+    parser.add_argument("--out-dir", default=None,
+                        help="folder of the model files (default: the per-user "
+                        "store; stand-ins with QWEN3_STANDIN=1)")  # fmt: skip
+    return parser
+
+
+def _run(args) -> int:
     from utils.benchmark import prompt_token_ids
     from utils.download import download_qwen3_small
-    from utils.fast import FastQwen3, quantize_int8
+    from utils.errors import UsageError
+    from utils.fast import get_path
     from utils.models import load_book_model_file
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=8, help="at most 8")
-    parser.add_argument("--tokens", type=int, default=30)
-    parser.add_argument("--out-dir", default="qwen3")
-    args = parser.parse_args(argv)
+    if not 1 <= args.prompts <= len(PROMPTS) or args.tokens < 1:
+        raise UsageError(f"--prompts must be 1 to {len(PROMPTS)}, --tokens >= 1")
+    reason = get_path("fast_native").unavailable("cpu")
+    if reason is not None:
+        raise UsageError(f"the native step cannot run here: {reason}")
     cpu = torch.device("cpu")
-    files = download_qwen3_small("base", out_dir=args.out_dir)  # or stand-ins
+    where = {} if args.out_dir is None else {"out_dir": args.out_dir}
+    files = download_qwen3_small("base", **where)  # or stand-ins
     book = load_book_model_file(files.model, cpu, torch.bfloat16)
-    tokenizer = files.tokenizer
-    prompts = [prompt_token_ids(tokenizer, p, cpu) for p in PROMPTS[: args.prompts]]
-
-    def fast(native: bool = False, int8: bool = False) -> FastQwen3:
-        model = FastQwen3.from_book_model(book)  # shares the book's weights
-        if int8:
-            model = quantize_int8(model)
-        if native and not model.use_native_step():
-            raise SystemExit("the native step cannot run here")
-        return model
-
-    eager = fast()
-    pairs = [
-        ("native (bf16)", eager, fast(native=True)),
-        ("int8, eager", eager, fast(int8=True)),
-        ("int8, native", eager, fast(native=True, int8=True)),
-    ]
+    prompts = [prompt_token_ids(files.tokenizer, p, cpu)
+               for p in PROMPTS[: args.prompts]]  # fmt: skip
+    eager = get_path("fast").build(book)  # every model shares the book's weights
     print(f"vs the eager bf16 fast path, {len(prompts)} prompts x {args.tokens} tokens")
     print(
         "| candidate | same greedy token | max logit error | identical continuations |"
     )
     print("|---|---|---|---|")
-    for name, ref, cand in pairs:
-        got = int8_agreement(ref, cand, prompts, args.tokens)
+    for name, path in CANDIDATES:
+        got = int8_agreement(eager, get_path(path).build(book), prompts, args.tokens)
         print(
             f"| {name} | {got['token_agreement']:.1%} | "
             f"{got['logits_max_rel_error']:.2%} | "
             f"{got['identical_continuations']:.0%} |"
         )
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from utils.errors import run_command
+
+    args = _parser().parse_args(argv)
+    return run_command("agreement.py", lambda: _run(args))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """utils.fast.build: the C library is built once, cached under a key of its
 sources, compiler and flags, loaded only when its recorded SHA-256 matches,
 rebuilt (never crashing Python) when it is damaged or foreign, and reports
-the decode step's table layout that csrc/step_layout.h defines."""
+the decode step's table layout that csrc/step_layout.h defines. Its entry
+points and their types come from the prototypes in csrc/api.h alone; the
+test build adds tests/fast/csrc's, the reader's library has none of them."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch
 
 import utils.fast.build as build
 from tests.tiny import PROMPT, tiny_config, tiny_state_dict, tokens
+from utils import provenance
 from utils.fast import FastQwen3, generate, get_kernels
 from utils.fast.kernels import Kernels
 from utils.fileio import atomic_write_bytes
@@ -32,7 +35,7 @@ def test_build_is_cached_with_a_record_and_leaves_nothing_else(kernels, tmp_path
     cache = tmp_path / "new" / "kernels"
     first = build.build_and_load(cache)
     name = first.path.name
-    assert library_files(cache) == [name, name + ".sha256"]
+    assert library_files(cache) == [f".{name}.verified.json", name]
     assert cache.stat().st_mode & 0o077 == 0  # created private
     mtime = first.path.stat().st_mtime_ns
     again = build.build_and_load(cache)
@@ -85,11 +88,11 @@ def test_damaged_library_is_rebuilt_in_a_fresh_process(kernels, tmp_path, damage
     elif damage == "garbage":
         atomic_write_bytes(target, b"\x7fELF" + os.urandom(4000))
     else:
-        (tmp_path / (target.name + ".sha256")).unlink()
+        provenance.record_path(target).unlink()
     second = run_python(USE_KERNEL, tmp_path)
     assert second.returncode == 0, second.stderr  # no SIGBUS (-7) or crash
     assert f"path {target}" in second.stdout and expected_bits(kernels) in second.stdout
-    assert "using torch's matmul" not in second.stdout
+    assert "using torch's matmul" not in second.stderr
     assert build.verified(target)
 
 
@@ -101,9 +104,8 @@ def test_library_without_the_entry_points_is_rebuilt(kernels, tmp_path, capsys):
     cc = build.find_compiler()
     subprocess.run([cc, "-shared", "-fPIC", str(src), "-o", str(other)], check=True)
     os.replace(other, target)
-    atomic_write_bytes(
-        tmp_path / (target.name + ".sha256"), build.sha256(target).encode()
-    )
+    digest = provenance.hash_file(target)["sha256"]
+    provenance.write_record(target, {"sha256": digest})
     src.unlink()
     rebuilt = build.build_and_load(tmp_path)
     assert rebuilt.path == target and build.verified(target)
@@ -121,8 +123,9 @@ def test_folder_others_can_write_is_refused(kernels, tmp_path):
         build.build_and_load(shared)
     assert list(shared.iterdir()) == []
     proc = run_python(USE_KERNEL.replace('print("path', "#"), shared)
-    assert "using torch's matmul instead of the AVX2 kernel" in proc.stdout
-    assert "chmod go-w" in proc.stdout
+    assert proc.stdout == ""  # diagnostics go to stderr, never stdout
+    assert "using torch's matmul instead of the C kernels" in proc.stderr
+    assert "chmod go-w" in proc.stderr
 
 
 def test_compiler_without_openmp_builds_single_threaded(kernels, tmp_path, capsys):
@@ -145,8 +148,9 @@ def test_compiler_without_openmp_builds_single_threaded(kernels, tmp_path, capsy
         if saved is not None:
             os.environ["CC"] = saved
     assert not single.openmp
-    out = capsys.readouterr().out
-    assert "rejected -fopenmp" in out and "unsupported option" in out
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert "rejected -fopenmp" in out.err and "unsupported option" in out.err
     # the compiler is part of the key: not the default build's file name
     assert single.path.name != kernels.path.name
     gen = torch.Generator().manual_seed(3)
@@ -162,8 +166,10 @@ def test_no_compiler_means_torch_matmul_with_one_message(tmp_path, monkeypatch, 
     monkeypatch.setenv("PATH", str(tmp_path))  # nothing to find here
     assert get_kernels() is None
     assert get_kernels() is None
-    out = capsys.readouterr().out
-    assert out.count("utils.fast: using torch's matmul") == 1
+    captured = capsys.readouterr()
+    out = captured.err
+    assert captured.out == ""
+    assert out.count("utils.fast.build: using torch's matmul") == 1
     if build.unsupported_reason() is None:
         assert "no C compiler found" in out
     fresh = tmp_path / "fresh"
@@ -222,3 +228,54 @@ def test_every_source_file_is_part_of_the_cache_key(kernels, tmp_path, monkeypat
     monkeypatch.setattr(build, "CSRC", csrc)
     second = build.build_and_load(tmp_path / "a")
     assert second.path != first.path and second.layout == first.layout
+
+
+def test_entry_points_come_from_the_c_prototypes(kernels, test_kernels):
+    """api.h is the one place the exported functions are written: every
+    prototype there is bound with its types, the test build adds testing.h's,
+    and nothing of the test build is exported by the reader's library."""
+    import ctypes
+
+    api = build.entry_points(build.CSRC / "api.h")
+    assert api["qwen3_abi"] == ([], ctypes.c_int)
+    assert api["qwen3_kernels"] == ([], ctypes.c_char_p)
+    step_args, step_result = api["qwen3_decode_step"]
+    assert step_result is ctypes.c_int and len(step_args) == 9
+    assert step_args[1] is ctypes.c_double and step_args[-1] is ctypes.c_int
+    tests_only = build.entry_points(build.TEST_CSRC / "testing.h")
+    assert tests_only and not set(tests_only) & set(api)
+    for name, (args, result) in api.items():
+        fn = getattr(kernels.lib, name)
+        assert (fn.argtypes, fn.restype) == (args, result), name
+    for name in tests_only:
+        assert hasattr(test_kernels.lib, name)
+        assert not hasattr(kernels.lib, name), f"{name} in the reader's library"
+    assert kernels.lib.qwen3_abi() & ~1 == build.abi_version()
+    assert test_kernels.path != kernels.path
+
+
+def test_prototype_parser_reads_types_by_position():
+    import ctypes
+
+    header = "QWEN3_API long f(const float *x, double e, int n);\nint g(void);\n"
+    path = REPO / "tests" / "fast" / "csrc" / "testing.h"
+    assert build.entry_points(path)  # the real header parses
+    parsed = {}
+    for line in header.splitlines():
+        m = build._PROTOTYPE.match(line.replace(" f(", " qwen3_f("))
+        if m:
+            parsed[m.group(2)] = m.group(3)
+    assert parsed == {"qwen3_f": "const float *x, double e, int n"}
+    assert build._ctype("const float *") is ctypes.c_void_p
+    assert build._ctype("const char *") is ctypes.c_char_p
+    assert build._ctype("double ") is ctypes.c_double
+
+
+def test_a_symlinked_kernel_cache_is_refused(kernels, tmp_path):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(RuntimeError, match="symbolic link"):
+        build.build_and_load(link)
+    assert list(real.iterdir()) == []

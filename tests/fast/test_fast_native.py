@@ -261,7 +261,8 @@ def test_falls_back_to_eager_where_it_cannot_run(capsys):
     f32 = FastQwen3.from_state_dict(tiny_config(), tiny_state_dict(15, tiny_config()))
     assert unsupported_reason(f32) is not None
     assert f32.use_native_step() is False and f32.decode_step.kind == "eager"
-    assert "native decode step off (it needs a bf16 model" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert "native decode step off (it needs a bf16 model" in out.err and not out.out
     with pytest.raises(ValueError, match="native decode step unavailable"):
         NativeStep(f32)
 
@@ -304,8 +305,9 @@ def test_cli_streamer_uses_the_native_step_for_fast(capsys):
     want = tokens(generate(eager, PROMPT, 12))[0]
     streamer = GreedyStreamer(book)
     got = list(streamer.stream(PROMPT, 12, fast=True))
-    assert streamer._fast.decode_native()
-    assert "native decode step (one C call per token)" in capsys.readouterr().err
+    assert streamer._fast["fast_native"].decode_native()
+    out = capsys.readouterr()
+    assert "fast_native: one C call per token" in out.err and not out.out
     assert sum(a == b for a, b in zip(got, want, strict=True)) >= 6
 
 
@@ -319,8 +321,9 @@ def test_int8_streamer_runs_the_native_int8_step(capsys):
     want = tokens(generate(eager, PROMPT, 12))[0]
     streamer = GreedyStreamer(book, int8=True)
     got = list(streamer.stream(PROMPT, 12, fast=True))
-    assert streamer._fast.decode_native()
-    assert isinstance(streamer._fast.trf_blocks[0].ff.fc1, Int8Linear)
+    fast = streamer._fast["fast_native_int8"]
+    assert fast.decode_native()
+    assert isinstance(fast.trf_blocks[0].ff.fc1, Int8Linear)
     assert "weight-only int8" in capsys.readouterr().err
     assert sum(a == b for a, b in zip(got, want, strict=True)) >= 6
     # the book model the streamer also serves keeps its bf16 weights
@@ -330,8 +333,8 @@ def test_int8_streamer_runs_the_native_int8_step(capsys):
 def vector_op(op: int, x: torch.Tensor) -> torch.Tensor:
     x = x.to(torch.float32).contiguous()
     y = torch.empty_like(x)
-    lib = get_kernels().lib
-    assert lib.qwen3_vector_op(op, x.data_ptr(), y.data_ptr(), x.numel()) == 0
+    lib = get_kernels(testing=True).lib
+    assert lib.qwen3_test_vector_op(op, x.data_ptr(), y.data_ptr(), x.numel()) == 0
     return y
 
 
@@ -391,7 +394,7 @@ def _step_bandwidth_script():
 
 
 def test_step_bandwidth_script_times_each_step_next_to_a_sum():
-    from utils.benchmark import weight_bytes_per_token
+    from utils.fast import describe_step, weight_bytes_per_token
 
     script = _step_bandwidth_script()
     sd = tiny_state_dict(21, BF16)
@@ -400,7 +403,7 @@ def test_step_bandwidth_script_times_each_step_next_to_a_sum():
     rows = script.side_by_side({"bf16": bf16, "int8": int8}, rounds=4, positions=3)
     assert [r["mode"] for r in rows] == ["bf16", "int8"]
     for row, model in zip(rows, (bf16, int8), strict=True):
-        assert row["variant"] == model.decode_step.choice.summary()
+        assert row["kernels"] == describe_step(model) == model.decode_step.describe()
         assert row["gb_per_token"] == weight_bytes_per_token(model) / 1e9
         assert row["step_ms"] > 0 and row["ratio"] > 0
         assert row["step_gbps"] == pytest.approx(
@@ -475,7 +478,7 @@ def test_a_library_with_another_table_layout_is_refused(monkeypatch, capsys):
     )
     assert "another decode-step table layout" in unsupported_reason(model)
     assert not model.use_native_step() and not model.decode_native()
-    assert "native decode step off" in capsys.readouterr().out
+    assert "native decode step off" in capsys.readouterr().err
 
 
 WIDE_STEP = """
@@ -521,17 +524,22 @@ SPLIT = tiny_config(
 
 
 @pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
-def test_the_steps_team_gives_one_threads_bits_with_a_late_thread(int8):
+def test_the_steps_team_gives_one_threads_bits_with_a_late_thread(
+    int8, test_kernels, monkeypatch
+):
     """The whole step is one parallel region: the products, the kv groups
     and the SwiGLU are shared out, the rest done by every thread. With one
     thread, two, and two of which the second reaches every product 2 ms
-    late (its passes then taken from the back by the first), the logits
-    and the next token are the same bits."""
+    late (its passes then taken from the back by the first; the test
+    build's hooks), the logits and the next token are the same bits."""
+    import utils.fast.native as native_module
+
+    monkeypatch.setattr(native_module, "get_kernels", lambda: test_kernels)
     model = native(tiny_state_dict(14, SPLIT), SPLIT)
     if int8:
         model = quantize_int8(model)
         assert model.use_native_step() and model.decode_native()
-    lib = get_kernels().lib
+    lib = test_kernels.lib
     threads = torch.get_num_threads()
     runs, stolen = [], []
     try:
@@ -539,86 +547,62 @@ def test_the_steps_team_gives_one_threads_bits_with_a_late_thread(int8):
             torch.set_num_threads(n)
             model.setup_cache(1, 40)
             prefill(model, torch.arange(1, 31).view(1, -1))
-            lib.qwen3_stolen_passes(late_us)
+            lib.qwen3_test_stolen_passes(late_us)
             with torch.inference_mode():
                 nxt, logits = decode_one_token(model, PROMPT[:, :1], torch.tensor([30]))
-            stolen.append(lib.qwen3_stolen_passes(0))
+            stolen.append(lib.qwen3_test_stolen_passes(0))
             runs.append((int(nxt[0, 0]), logits.view(torch.int16)))
     finally:
         torch.set_num_threads(threads)
-        lib.qwen3_stolen_passes(0)
+        lib.qwen3_test_stolen_passes(0)
     assert runs[1][0] == runs[0][0] == runs[2][0]
     assert torch.equal(runs[1][1], runs[0][1])
     assert torch.equal(runs[2][1], runs[0][1])
     assert stolen[0] == 0 and stolen[2] > 0
 
 
-def test_the_step_clocks_say_where_a_steps_time_went():
-    """Off by default (nothing summed); on, they count the steps and split
-    each thread's part into products, waits, attention and the rest
-    without changing a bit of the logits; a thread held back 2 ms at every
-    product shows as the other thread waiting, and attention over 300
-    slots takes longer than over 1."""
-    model = native(tiny_state_dict(15, SPLIT), SPLIT)
-    step, lib = model.decode_step, get_kernels().lib
-    threads = torch.get_num_threads()
+def test_the_readers_library_has_no_test_hooks(kernels, test_kernels):
+    """The step of the reader's library runs without the scheduler's test
+    hooks, and gives the test build's bits."""
+    assert not hasattr(kernels.lib, "qwen3_test_stolen_passes")
+    model = native(tiny_state_dict(14, SPLIT), SPLIT)
+    model.setup_cache(1, 40)
+    prefill(model, torch.arange(1, 31).view(1, -1))
+    with torch.inference_mode():
+        _, logits = decode_one_token(model, PROMPT[:, :1], torch.tensor([30]))
+    import utils.fast.native as native_module
 
-    def run(pos: int, steps: int = 3) -> torch.Tensor:
-        with torch.inference_mode():
-            for _ in range(steps):
-                _, logits = decode_one_token(model, PROMPT[:, :1], torch.tensor([pos]))
-        return logits.view(torch.int16)
-
+    real = native_module.get_kernels
+    native_module.get_kernels = lambda: test_kernels
     try:
-        torch.set_num_threads(2)
-        model.setup_cache(1, 320)
-        prefill(model, torch.arange(1, 31).view(1, -1))
-        step.read_clocks(False)
-        plain = run(30)
-        off = step.read_clocks(True)
-        assert off.steps == 0 and off.call == off.threads == off.waits == 0
-        started = time.perf_counter()
-        timed = run(30)
-        wall = time.perf_counter() - started
-        short = step.read_clocks(True)
-        assert torch.equal(timed, plain)
-        assert short.steps == 3
-        assert 0 < short.threads <= short.call <= wall / 3
-        assert short.products > 0 and short.attention > 0
-        assert min(short.waits, short.rest, short.outside) >= 0
-        run(300)
-        long = step.read_clocks(True)
-        assert long.attention > short.attention
-        lib.qwen3_stolen_passes(2000)  # the second thread 2 ms late each time
-        run(30, steps=1)
-        lib.qwen3_stolen_passes(0)
-        late = step.read_clocks(False)
-        assert late.steps == 1 and late.waits > 0.005  # >= 9 products' wait / 2
-        run(30)
-        assert step.read_clocks(False).steps == 0  # stopped
+        test_built = native(tiny_state_dict(14, SPLIT), SPLIT)
     finally:
-        torch.set_num_threads(threads)
-        lib.qwen3_stolen_passes(0)
-        step.read_clocks(False)
+        native_module.get_kernels = real
+    assert test_built.decode_step._kernels is test_kernels
+    test_built.setup_cache(1, 40)
+    prefill(test_built, torch.arange(1, 31).view(1, -1))
+    with torch.inference_mode():
+        _, want = decode_one_token(test_built, PROMPT[:, :1], torch.tensor([30]))
+    assert torch.equal(logits.view(torch.int16), want.view(torch.int16))
 
 
-def test_step_bandwidth_script_says_where_a_steps_time_goes(capsys):
-    """One row per model and position, every part in ms and not negative,
-    the parts within the step; the table has a line per row."""
+def test_step_bandwidth_builds_one_model_per_kernel_named(capsys):
+    """--kernels: one native model per named kernel, each running it (its
+    class's weights), through the registry; a name not in the table is a
+    clear error."""
+    from utils.fast.dispatch import kernel_table
+
     script = _step_bandwidth_script()
-    sd = tiny_state_dict(22, BF16)
-    bf16, int8 = native(sd), quantize_int8(FastQwen3.from_state_dict(BF16, sd))
-    assert int8.use_native_step()
-    models = {"bf16": bf16, "int8": int8}
-    rows = script.where_time_goes(models, steps=2, positions=(5, 40))
-    assert [(r["mode"], r["position"]) for r in rows] == [
-        ("bf16", 5), ("bf16", 40), ("int8", 5), ("int8", 40),
-    ]  # fmt: skip
-    for r in rows:
-        parts = [r[k] for k in ("products", "waits", "attention", "rest", "outside")]
-        assert min(parts) >= 0 and r["python"] >= 0 and r["products"] > 0
-        assert sum(parts) + r["python"] == pytest.approx(r["step_ms"], rel=0.5)
-    script.print_where_time_goes(rows, 2)
-    table = capsys.readouterr().out.strip().splitlines()
-    assert table[-4].startswith("| bf16 | 5 |") and len(table) == 3 + 4
-    assert bf16.decode_step.read_clocks(False).steps == 0  # left off
+    book = book_model(tiny_state_dict(25, BF16), BF16)
+    models = script.native_models(book, ["bf16_exact_avx2", "int8_avx2"])
+    assert list(models) == ["bf16_exact_avx2", "int8_avx2"]
+    assert models["bf16_exact_avx2"].decode_step.describe() == "bf16_exact_avx2"
+    assert models["int8_avx2"].decode_step.describe() == "int8_avx2"
+    assert set(script.native_models(book, [])) == {"native bf16", "native int8"}
+    names = ", ".join(k.name for k in kernel_table(get_kernels()))
+    with pytest.raises(ValueError, match=f"choose from {names}"):
+        script.native_models(book, ["no_such_kernel"])
+    rows = script.side_by_side(models, rounds=3, positions=3)
+    script.print_rows(rows)
+    table = capsys.readouterr().out.splitlines()
+    assert table[2].startswith("| bf16_exact_avx2 | bf16_exact_avx2 |")

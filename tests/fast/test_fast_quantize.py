@@ -5,6 +5,7 @@ weights alone; the agreement figure of ch02/03_fast-decoding/agreement.py."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,11 +114,21 @@ def test_int8_agreement_figure_on_a_tiny_model():
 
 
 def test_quantize_releases_each_bf16_weight(tmp_path):
+    """The command line's int8 path: the book's model loaded (memory-mapped)
+    from the checkpoint, its weights handed to the fast model (`adopt`),
+    every bf16 matrix replaced by int8 and nothing of bf16 left held."""
+    from utils.fast import get_path
+    from utils.models import load_book_model, read_checkpoint
+
     cfg = tiny_config(context_length=512, dtype=torch.bfloat16)
     path = tmp_path / "tiny.pth"
     torch.save(tiny_state_dict(5, cfg), path)
-    bf16 = FastQwen3.from_checkpoint(path, cfg)
-    q = FastQwen3.from_checkpoint(path, cfg, int8=True)
+    bf16 = FastQwen3.from_state_dict(cfg, read_checkpoint(path))
+    book = load_book_model(read_checkpoint(path), cfg=cfg)
+    held = book.trf_blocks[0].ff.fc1.weight
+    q = get_path("fast_eager_int8").build(book, adopt=True)
+    assert all(p is None for p in book.parameters()) or not list(book.parameters())
+    assert sys.getrefcount(held) == 2  # only `held`: the model let it go
     linear_types = {
         type(m) for m in q.modules() if isinstance(m, (torch.nn.Linear, Int8Linear))
     }

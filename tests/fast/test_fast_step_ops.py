@@ -1,11 +1,12 @@
 """csrc/step_ops.c: the decode step's vectorised attention, RoPE, argmax and
 int8 input quantisation give exactly the bits of their first, plain forms
-(csrc/step_reference.c), on inputs chosen to reach every branch: slot
-counts that are not multiples of the 4 keys per pass or the 8 lanes, head
-sizes with and without the pairwise path, odd query heads per group, NaN,
-infinities, ties and signed zeros. (A NaN result's sign is the one thing
-left open: which NaN operand x86 passes on depends on the operand order
-the compiler picks for a commutative add, in the plain form too.)"""
+(tests/fast/csrc/step_reference.c, in the test build), on inputs chosen to
+reach every branch: slot counts that are not multiples of the 4 keys per
+pass or the 8 lanes, head sizes with and without the pairwise path, odd
+query heads per group, NaN, infinities, ties and signed zeros. (A NaN
+result's sign is the one thing left open: which NaN operand x86 passes on
+depends on the operand order the compiler picks for a commutative add, in
+the plain form too.)"""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def cancelling_keys(length: int, d: int, gen: torch.Generator) -> torch.Tensor:
 
 @pytest.mark.parametrize("d", [16, 48, 64, 128])
 @pytest.mark.parametrize("r", [1, 2, 3])
-def test_attention_gives_the_plain_forms_bits(kernels, d, r):
+def test_attention_gives_the_plain_forms_bits(test_kernels, d, r):
     """Also where the step tells it which group comes next."""
     gen = torch.Generator().manual_seed(d * 10 + r)
     # 131 and 600: the values summed over several tiles of 64 slots, at 600
@@ -79,7 +80,7 @@ def test_attention_gives_the_plain_forms_bits(kernels, d, r):
         def run(reference, q=q, kc=kc, vc=vc, length=length):
             w = torch.zeros(r * length)
             out = torch.zeros(r * d)
-            rc = kernels.lib.qwen3_piece_attend(
+            rc = test_kernels.lib.qwen3_test_attend(
                 reference,
                 q.data_ptr(),
                 kc.data_ptr(),
@@ -102,7 +103,7 @@ def test_attention_gives_the_plain_forms_bits(kernels, d, r):
 
 
 @pytest.mark.parametrize("d", [16, 32, 128])
-def test_norm_rope_gives_the_plain_forms_bits(kernels, d):
+def test_norm_rope_gives_the_plain_forms_bits(test_kernels, d):
     gen = torch.Generator().manual_seed(d)
     for scaled in (False, True):
         h = bf16_bits(torch.randn(d, generator=gen) * 5)
@@ -113,7 +114,7 @@ def test_norm_rope_gives_the_plain_forms_bits(kernels, d):
 
         def run(reference, h=h, scale=scale, cos=cos, sin=sin):
             out = torch.zeros(d)
-            rc = kernels.lib.qwen3_piece_norm_rope(
+            rc = test_kernels.lib.qwen3_test_norm_rope(
                 reference,
                 h.data_ptr(),
                 d,
@@ -157,11 +158,11 @@ def argmax_cases(gen: torch.Generator) -> list[torch.Tensor]:
     ]
 
 
-def test_argmax_gives_the_plain_forms_index_and_torchs(kernels):
+def test_argmax_gives_the_plain_forms_index_and_torchs(test_kernels):
     for v in argmax_cases(torch.Generator().manual_seed(0)):
         v = bf16_bits(v)
         want, got = both(
-            lambda ref, v=v: kernels.lib.qwen3_piece_argmax(
+            lambda ref, v=v: test_kernels.lib.qwen3_test_argmax(
                 ref, v.data_ptr(), v.numel()
             )
         )
@@ -169,7 +170,7 @@ def test_argmax_gives_the_plain_forms_index_and_torchs(kernels):
         assert got == int(torch.argmax(v))  # NaN first, then the first maximum
 
 
-def test_int8_input_quantisation_gives_the_plain_forms_bits(kernels):
+def test_int8_input_quantisation_gives_the_plain_forms_bits(test_kernels):
     gen = torch.Generator().manual_seed(1)
     xs = [
         torch.randn(k, generator=gen) * 10.0 ** float(e)
@@ -185,7 +186,7 @@ def test_int8_input_quantisation_gives_the_plain_forms_bits(kernels):
 
         def run(reference, x=x):
             qx = torch.zeros(x.numel() + 2, dtype=torch.int16)
-            finite = kernels.lib.qwen3_piece_quantize(
+            finite = test_kernels.lib.qwen3_test_quantize(
                 reference, x.data_ptr(), x.numel(), qx.data_ptr()
             )
             return finite, qx
@@ -195,12 +196,10 @@ def test_int8_input_quantisation_gives_the_plain_forms_bits(kernels):
         assert torch.equal(got, want)  # the int16 values and the scale's bits
 
 
-def test_bad_sizes_are_refused(kernels):
-    lib = kernels.lib
+def test_bad_sizes_are_refused(test_kernels):
+    lib = test_kernels.lib
     x = torch.zeros(64)
-    assert (
-        lib.qwen3_piece_attend(0, x.data_ptr(), None, None, 0, 16, 1, None, None) == 1
-    )
-    assert lib.qwen3_piece_norm_rope(0, None, 24, None, 1e-6, None, None, None) == 1
-    assert lib.qwen3_piece_argmax(0, None, 0) == -1
-    assert lib.qwen3_piece_quantize(0, x.data_ptr(), 12, None) == -1
+    assert lib.qwen3_test_attend(0, x.data_ptr(), None, None, 0, 16, 1, None, None) == 1
+    assert lib.qwen3_test_norm_rope(0, None, 24, None, 1e-6, None, None, None) == 1
+    assert lib.qwen3_test_argmax(0, None, 0) == -1
+    assert lib.qwen3_test_quantize(0, x.data_ptr(), 12, None) == -1

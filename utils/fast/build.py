@@ -3,18 +3,24 @@
 Why ctypes and the system C compiler rather than
 `torch.utils.cpp_extension.load_inline`: the code is plain C (no torch
 headers), so it builds in about a second with any gcc or clang, without
-Python headers or ninja; a torch extension takes tens of seconds to build
-and needs a C++ toolchain matching PyTorch's (MSVC on Windows). Windows,
-ARM (Apple silicon) and machines without a compiler simply get torch's own
+Python headers or ninja; a torch extension takes far longer to build and
+needs a C++ toolchain matching PyTorch's (MSVC on Windows). Machines where
+it cannot run (no x86-64 with AVX2, Windows, no compiler) get torch's own
 matmul; a compiler without OpenMP builds a single-threaded library.
 
-The library is cached (see `kernel_cache_dir`) under a name that hashes the
-sources, the compiler (path and version) and the flags. It is only loaded
-from a folder that the user owns and nobody else may write, after its
-SHA-256 matches the record written at build time; a new build goes to a
-fresh file name and is renamed into place, so a library another process
-has mapped is never changed. A library that lacks an entry point or
-reports another ABI version is rebuilt.
+The entry points and their types are read from `csrc/api.h` (and, for the
+test build, `tests/fast/csrc/testing.h`): the C prototypes are the one place
+they are written. The library is cached (`kernel_cache_dir`) under a name
+that hashes the sources, the compiler (path and version) and the flags. It
+is only loaded from a folder that the user owns and nobody else may write,
+after its SHA-256 matches the verification record written at build time
+(`utils.provenance`); a new build goes to a fresh file name and is renamed
+into place, so a library another process has mapped is never changed. A
+library that reports another ABI number is rebuilt.
+
+`get_library(testing=True)` builds the test build: the same sources plus
+`tests/fast/csrc/` with `-DQWEN3_TESTING` (scheduler hooks, the step's
+pieces and their first forms). The reader's library carries none of it.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shutil
 import stat
 import subprocess
@@ -33,54 +40,24 @@ from pathlib import Path
 
 import torch
 
-from utils.fileio import atomic_write_bytes
+from utils import provenance, settings
+from utils.log import get_logger
 
 __all__ = ["Library", "get_library", "kernel_cache_dir", "unsupported_reason"]
 
 CSRC = Path(__file__).with_name("csrc")
-# compiled together into one library
-SOURCES = ("matvec.c", "variants.c", "decode_step.c", "step_ops.c", "step_reference.c")
-_FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC"]
+TEST_CSRC = Path(__file__).parents[2] / "tests" / "fast" / "csrc"
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fvisibility=hidden",
+          "-shared", "-fPIC"]  # fmt: skip
 _OPENMP = "-fopenmp"
-ABI = 0x80000  # qwen3_matvec_abi() in csrc/matvec.c, plus 1 with OpenMP
+_log = get_logger(__name__)
 
-# Entry points and their ctypes argument types (see csrc/matvec.c,
-# csrc/variants.c, csrc/decode_step.c and csrc/step_reference.c); a new
-# kernel variant needs none (it is a line of the table in variants.c).
-_P, _I, _L, _D = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_double
-_SINGLE = [_P, _I, _P, _P, _I, _L, _L, _I]  # x, x_f32, w, y, y_f32, n, k, threads
-_MULTI = [_P, _I, _I, _P, _P, _P, _I, _L, _I]  # x, x_f32, count, w[], n[], y, ...
-ENTRY_POINTS: dict[str, tuple[list, type]] = {
-    "qwen3_matvec_abi": ([], _I),
-    "qwen3_matvec_bf16": (_SINGLE, _I),
-    "qwen3_matvec_bf16_exact": (_SINGLE, _I),
-    "qwen3_matvec_int8": ([_P, _I, _P, _P, _P, _I, _L, _L, _I], _I),
-    "qwen3_matvec_bf16_multi": (_MULTI, _I),
-    "qwen3_matvec_bf16_exact_multi": (_MULTI, _I),
-    "qwen3_matvec_int8_multi": ([_P, _I, _I, _P, _P, _P, _P, _I, _L, _I], _I),
-    # dims, eps, table, &token, &pos (int64), variants[2], logits, next, threads
-    "qwen3_decode_step": ([_P, _D, _P, _P, _P, _P, _P, _P, _I], _I),
-    "qwen3_step_products": ([_P, _P, _P, _I], _I),  # dims, table, variants, threads
-    "qwen3_step_layout": ([], ctypes.c_char_p),
-    # the kernel variants: CPU features, the table, one call, a hot loop
-    "qwen3_cpu_feature_names": ([], ctypes.c_char_p),
-    "qwen3_cpu_features": ([], _I),
-    "qwen3_limit_cpu_features": ([_I], _I),
-    "qwen3_variant_table": ([], ctypes.c_char_p),
-    "qwen3_matvec_variant": ([_I, _P, _I, _I, _P, _P, _P, _P, _I, _L, _I], _I),
-    "qwen3_variant_hot": ([_I, _P, _P, _P, _L, _L, _I, _P], _I),
-    "qwen3_stolen_passes": ([_I], _L),
-    "qwen3_step_clocks": ([_I, _P], None),  # on, out: long long[2 + 5]
-    # for the tests: the step's pieces and their first forms, rounding, exp
-    "qwen3_piece_attend": ([_I, _P, _P, _P, _L, _L, _L, _P, _P], _I),
-    "qwen3_piece_norm_rope": ([_I, _P, _L, _P, _D, _P, _P, _P], _I),
-    "qwen3_piece_argmax": ([_I, _P, _L], _L),
-    "qwen3_piece_quantize": ([_I, _P, _L, _P], _I),
-    "qwen3_vector_op": ([_I, _P, _P, _L], _I),
-}
+_PROTOTYPE = re.compile(r"^QWEN3_API\s+(.+?)\b(qwen3_\w+)\((.*)\);\s*$")
+_ABI = re.compile(r"^#define QWEN3_ABI (0x[0-9a-fA-F]+)\s*$", re.M)
+_SCALARS = {"int": ctypes.c_int, "long": ctypes.c_long, "double": ctypes.c_double}
 
 
-@dataclass(frozen=True, eq=False)  # one per process: hashed by identity
+@dataclass(frozen=True, eq=False)  # one per process and build: by identity
 class Library:
     """The loaded C library: its ctypes handle, file, whether it was built
     with OpenMP, and the decode step's table layout it reports (section ->
@@ -92,18 +69,50 @@ class Library:
     layout: dict[str, tuple[str, ...]]
 
 
+def _ctype(decl: str) -> type | None:
+    """The ctypes type of a C parameter or result type as api.h writes it."""
+    decl = decl.strip()
+    if decl == "void":
+        return None
+    if decl.replace(" ", "") == "constchar*":
+        return ctypes.c_char_p
+    if "*" in decl:
+        return ctypes.c_void_p
+    return _SCALARS[decl.replace("const", "").strip()]
+
+
+def entry_points(header: Path) -> dict[str, tuple[list, type | None]]:
+    """Name -> (argument types, result type) of every QWEN3_API prototype
+    in `header`."""
+    found = {}
+    for line in header.read_text().splitlines():
+        m = _PROTOTYPE.match(line)
+        if m is None:
+            continue
+        result, name, params = m.groups()
+        args = [] if params.strip() == "void" else params.split(",")
+        # a parameter's type is everything but its name
+        types = [_ctype(re.sub(r"\w+\s*$", "", p)) for p in args]
+        found[name] = (types, _ctype(result))
+    return found
+
+
+def abi_version() -> int:
+    """QWEN3_ABI as csrc/api.h defines it."""
+    m = _ABI.search((CSRC / "api.h").read_text())
+    assert m is not None, "csrc/api.h defines QWEN3_ABI"
+    return int(m.group(1), 16)
+
+
 def kernel_cache_dir() -> Path:
     """Where compiled libraries are kept ($QWEN3_KERNEL_CACHE overrides)."""
-    env = os.environ.get("QWEN3_KERNEL_CACHE")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "qwen3-ch02" / "kernels"
+    env = settings.text("QWEN3_KERNEL_CACHE")
+    return Path(env).expanduser() if env else settings.cache_root() / "kernels"
 
 
 def find_compiler() -> str | None:
     """The C compiler to use: $CC, else cc, gcc or clang on PATH."""
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+    for name in (settings.text("CC"), "cc", "gcc", "clang"):
         found = shutil.which(name) if name else None
         if found:
             return os.path.realpath(found)
@@ -140,8 +149,12 @@ def unsupported_reason() -> str | None:
 
 
 def check_private_dir(path: Path) -> None:
-    """Refuse a folder (or file) that another user owns or may write into."""
-    info = path.stat()
+    """Refuse a folder (or file) that another user owns or may write into,
+    or that is a symbolic link."""
+    info = path.lstat()
+    if stat.S_ISLNK(info.st_mode):
+        raise RuntimeError(f"{path} is a symbolic link; set QWEN3_KERNEL_CACHE "
+                           "to a folder of your own")  # fmt: skip
     getuid = getattr(os, "getuid", None)
     if getuid is not None and info.st_uid != getuid():
         raise RuntimeError(
@@ -156,20 +169,15 @@ def check_private_dir(path: Path) -> None:
         )
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def record_path(path: Path) -> Path:
-    """The file holding `path`'s SHA-256 as written at build time."""
-    return path.with_name(path.name + ".sha256")
-
-
 def verified(path: Path) -> bool:
-    """Whether `path` is the complete library its build recorded."""
+    """Whether `path` is ours, private, and the library its build recorded
+    (always hashed: the file is small and is about to run)."""
     try:
-        check_private_dir(path)  # the file itself: ours, not writable by others
-        return record_path(path).read_text().strip() == sha256(path)
+        check_private_dir(path)
+        record = provenance.read_record(path)
+        return record is not None and (
+            record["sha256"] == provenance.hash_file(path)["sha256"]
+        )
     except (OSError, RuntimeError):
         return False
 
@@ -183,20 +191,25 @@ def parse_layout(text: str) -> dict[str, tuple[str, ...]]:
     return layout
 
 
-def load(path: Path) -> Library:
+def _headers(testing: bool) -> list[Path]:
+    return [CSRC / "api.h"] + ([TEST_CSRC / "testing.h"] if testing else [])
+
+
+def load(path: Path, testing: bool = False) -> Library:
     """Open the library and bind its entry points; OSError/RuntimeError if
     it is not a library built from csrc/ with this ABI and a readable table
     layout (utils.fast.native checks the layout's names against its own)."""
     lib = ctypes.CDLL(str(path))
     try:
-        for name, (argtypes, restype) in ENTRY_POINTS.items():
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = argtypes, restype
+        for header in _headers(testing):
+            for name, (argtypes, restype) in entry_points(header).items():
+                fn = getattr(lib, name)
+                fn.argtypes, fn.restype = argtypes, restype
     except AttributeError as exc:
         raise RuntimeError(f"{path.name} lacks the kernel entry points") from exc
-    version = lib.qwen3_matvec_abi()
-    if version & ~1 != ABI:
-        raise RuntimeError(f"{path.name} is kernel version {version:#x}, not {ABI:#x}")
+    version, abi = lib.qwen3_abi(), abi_version()
+    if version & ~1 != abi:
+        raise RuntimeError(f"{path.name} is kernel version {version:#x}, not {abi:#x}")
     layout = parse_layout(lib.qwen3_step_layout().decode("ascii"))
     sections = all(len(set(layout.get(k, ()))) == len(layout.get(k, ())) > 0
                    for k in ("global", "layer", "dims"))  # fmt: skip
@@ -205,14 +218,20 @@ def load(path: Path) -> Library:
     return Library(lib, path, openmp=bool(version & 1), layout=layout)
 
 
-def _compile(compiler: str, flags: list[str], cache_dir: Path) -> Path:
+def _sources(testing: bool) -> list[Path]:
+    folders = [CSRC, TEST_CSRC] if testing else [CSRC]
+    return sorted(p for f in folders for p in f.iterdir() if p.suffix in (".c", ".h"))
+
+
+def _compile(compiler: str, flags: list[str], cache_dir: Path, testing: bool) -> Path:
     """Compile the sources to a fresh file in `cache_dir`; returns its path."""
     fd, out = tempfile.mkstemp(dir=cache_dir, prefix=".build-", suffix=".so")
     os.close(fd)
-    sources = [str(CSRC / name) for name in SOURCES]
+    sources = [str(p) for p in _sources(testing) if p.suffix == ".c"]
+    extra = ["-DQWEN3_TESTING", f"-I{CSRC}", f"-I{TEST_CSRC}"] if testing else []
     try:
         proc = subprocess.run(
-            [compiler, *flags, *sources, "-o", out],
+            [compiler, *flags, *extra, *sources, "-o", out],
             capture_output=True,
             text=True,
             timeout=300,
@@ -230,33 +249,32 @@ def _compile(compiler: str, flags: list[str], cache_dir: Path) -> Path:
     return Path(out)
 
 
-def _source_bytes() -> bytes:
-    """Every file of csrc/ (sources and headers), in name order."""
-    files = sorted(p for p in CSRC.iterdir() if p.suffix in (".c", ".h"))
-    return b"\0".join(p.name.encode() + b"\0" + p.read_bytes() for p in files)
-
-
 def _cached_or_fresh(
-    compiler: str, flags: list[str], cache_dir: Path, target: Path
+    compiler: str, flags: list[str], cache_dir: Path, target: Path, testing: bool
 ) -> Library:
     """The verified library at `target`, else a fresh build renamed there."""
     if verified(target):
         try:
-            return load(target)
+            return load(target, testing)
         except (OSError, RuntimeError):
             pass  # rebuilt below, under a new name, then renamed
-    fresh = _compile(compiler, flags, cache_dir)
+    fresh = _compile(compiler, flags, cache_dir, testing)
     try:
-        library = load(fresh)  # loaded before the rename: never replaced
-        digest = sha256(fresh)
+        library = load(fresh, testing)  # loaded before the rename: never replaced
+        digest = provenance.hash_file(fresh)["sha256"]
         os.replace(fresh, target)
-        atomic_write_bytes(record_path(target), digest.encode())
+        provenance.write_record(target, {"sha256": digest, "source": compiler})
     finally:
         fresh.unlink(missing_ok=True)
     return Library(library.lib, target, library.openmp, library.layout)
 
 
-def build_and_load(cache_dir: Path) -> Library:
+def _key(source: bytes, ident: str, flags: list[str]) -> str:
+    parts = [source, ident.encode(), " ".join(flags).encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
+
+def build_and_load(cache_dir: Path, testing: bool = False) -> Library:
     """The cached library if it verifies and loads, else a fresh build:
     with OpenMP, or single-threaded where the compiler rejects -fopenmp."""
     compiler = find_compiler()
@@ -268,43 +286,42 @@ def build_and_load(cache_dir: Path) -> Library:
     cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     check_private_dir(cache_dir)
     ident = _compiler_id(compiler)
-    source = _source_bytes()
+    source = b"\0".join(p.name.encode() + b"\0" + p.read_bytes()
+                        for p in _sources(testing))  # fmt: skip
+    name = "qwen3_kernels_test" if testing else "qwen3_kernels"
     error: Exception | None = None
     for flags in ([*_FLAGS, _OPENMP], _FLAGS):
-        key = hashlib.sha256(
-            b"\0".join([source, ident.encode(), " ".join(flags).encode()])
-        ).hexdigest()[:16]
-        target = cache_dir / f"qwen3_matvec_{key}.so"
+        target = cache_dir / f"{name}_{_key(source, ident, flags)}.so"
         try:
-            library = _cached_or_fresh(compiler, flags, cache_dir, target)
+            library = _cached_or_fresh(compiler, flags, cache_dir, target, testing)
         except RuntimeError as exc:
             error = error or exc
             continue
         if _OPENMP not in flags:
-            print(
-                f"utils.fast: {Path(compiler).name} rejected {_OPENMP} "
-                f"({error}); the kernel runs on one thread"
-            )
+            _log.warning(
+                "%s rejected %s (%s); the kernels run on one thread",
+                Path(compiler).name, _OPENMP, error,
+            )  # fmt: skip
         return library
     assert error is not None
     raise error
 
 
 @functools.cache
-def _library_for(cache_dir: str) -> Library | None:
+def _library_for(cache_dir: str, testing: bool) -> Library | None:
     reason = unsupported_reason()
     if reason is None:
         try:
-            return build_and_load(Path(cache_dir))
+            return build_and_load(Path(cache_dir), testing)
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
             lines = str(exc).strip().splitlines()
             reason = lines[0][:200] if lines else type(exc).__name__
-    print(f"utils.fast: using torch's matmul instead of the AVX2 kernel ({reason})")
+    _log.warning("using torch's matmul instead of the C kernels (%s)", reason)
     return None
 
 
-def get_library() -> Library | None:
+def get_library(testing: bool = False) -> Library | None:
     """The library for this machine, built on first use (once per cache
-    folder and process); None, after one printed line saying why, where it
-    cannot be built or loaded."""
-    return _library_for(str(kernel_cache_dir()))
+    folder and process); None, after one line on stderr saying why, where
+    it cannot be built or loaded. `testing`: the test build (see above)."""
+    return _library_for(str(kernel_cache_dir()), testing)

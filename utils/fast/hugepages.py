@@ -2,8 +2,7 @@
 
 Why: a decode step streams every weight once per token, and on some CPUs
 the weights stream much faster from 2 MB pages than from 4 KB ones (the
-measurements: ch02/03_fast-decoding/README.md, "int8 weights on 2 MB pages"
-and "bf16 weights on 2 MB pages (Zen 5)"). PyTorch and the checkpoint's
+figures: ch02/03_fast-decoding/README.md). PyTorch and the checkpoint's
 memory map hand out 4 KB pages, so the weights a step reads are given
 memory of their own that starts on a 2 MB boundary and is advised as huge
 pages (`madvise(MADV_HUGEPAGE)`) before anything is written to it. Off

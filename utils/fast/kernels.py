@@ -2,7 +2,7 @@
 
 When one token is decoded, every linear layer is a matrix-vector product:
 each weight is read once for one multiply-add, so the speed is set by how
-fast the weights stream from memory. The C kernels (`csrc/matvec.c`) read
+fast the weights stream from memory. The C kernels (`csrc/kernels_*.c`) read
 bf16 weights with AVX2 and accumulate in float32; the int8 kernel
 multiplies int8 weights with the input rounded to 16-bit fixed point
 (`vpmaddwd`, exact int32 sums), which keeps it at memory speed where
@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import utils.fast.build as build
+from utils.device import torch_version
 
 __all__ = [
     "Kernels",
@@ -48,13 +49,18 @@ _FLOAT_X = (torch.bfloat16, torch.float32)
 
 
 class Kernels:
-    """The loaded kernel library with typed, checked calls (see `get_kernels`)."""
+    """The loaded kernel library with typed, checked calls (see `get_kernels`).
+    `first[cls]` is the index of a class's reference kernel (the AVX2 one)."""
 
     def __init__(self, library: build.Library) -> None:
         self.library = library
         self.lib = library.lib
         self.path = library.path
         self.openmp = library.openmp
+        self.first: dict[str, int] = {}
+        entries = library.lib.qwen3_kernels().decode("ascii").split(";")
+        for i, entry in enumerate(e for e in entries if e):
+            self.first.setdefault(entry.split(":")[1], i)
 
     def matvec(
         self,
@@ -68,8 +74,8 @@ class Kernels:
 
         bf16 weight: the fast kernel, or with `exact=True` the one that adds
         like ATen's dot (k % 64 == 0). int8 weight: times `scales` (n,)
-        float32 per row, x rounded to 16-bit fixed point (see csrc/matvec.c).
-        Shapes, dtypes and contiguity are checked."""
+        float32 per row, x rounded to 16-bit fixed point (see
+        csrc/kernels_avx2.c). Shapes, dtypes and contiguity are checked."""
         return self.matvec_multi(
             x, [weight], None if scales is None else [scales], exact=exact
         )
@@ -84,13 +90,13 @@ class Kernels:
     ) -> torch.Tensor:
         """`torch.cat([w @ x for w in weights])` in one call (one parallel
         region): the q/k/v or gate/up projections of one token at once."""
-        name = _entry_point(weights, scales, exact)
+        cls = _class_of(weights, scales, exact)
         multiple = 64 if exact else 16
         if not _operands_ok(x, weights, scales, weights[0].dtype, multiple):
             _explain_operands(x, weights, scales, multiple)
-        return self._call(getattr(self.lib, name), (), x, weights, scales, name)
+        return self._call(self.first[cls], x, weights, scales, f"{cls} kernel")
 
-    def matvec_variant(
+    def matvec_with(
         self,
         index: int,
         x: torch.Tensor,
@@ -98,35 +104,30 @@ class Kernels:
         scales: list[torch.Tensor] | None = None,
         threads: int | None = None,
     ) -> torch.Tensor:
-        """`matvec_multi` with kernel variant `index` of the library's table
-        (`utils.fast.variants`; int8 weights need scales, bf16 none).
+        """`matvec_multi` with kernel `index` of the library's table
+        (`utils.fast.dispatch`; int8 weights need scales, bf16 none).
         RuntimeError when it cannot run: code 1, k is not a multiple of the
-        variant's or the weights do not fit its class; 3, the CPU lacks its
+        kernel's or the weights do not fit its class; 3, the CPU lacks its
         instructions."""
-        _entry_point(weights, scales, exact=False)  # bf16 alone or int8 + scales
+        _class_of(weights, scales, exact=False)  # bf16 alone or int8 + scales
         if not _operands_ok(x, weights, scales, weights[0].dtype, 16):
             _explain_operands(x, weights, scales, 16)
-        name = f"kernel variant {index}"
-        fn = self.lib.qwen3_matvec_variant
-        return self._call(fn, (index,), x, weights, scales, name, threads)
+        return self._call(index, x, weights, scales, f"kernel {index}", threads)
 
-    def _call(self, fn, head, x, weights, scales, name, threads=None):
-        """fn(*head, x, x_f32, count, w[], [scales[],] n[], y, y_f32, k,
-        threads) for checked operands; the stacked result."""
+    def _call(self, index, x, weights, scales, name, threads=None):
+        """qwen3_matvec for checked operands; the stacked result."""
         rows = [w.shape[0] for w in weights]
         y = torch.empty(sum(rows), dtype=x.dtype)
         # array.array: C arrays built ~10x faster than ctypes arrays (this
         # runs ~100 times per token); they live until the call returns
-        arrays = [array.array("Q", [w.data_ptr() for w in weights])]
-        if scales is not None or head:  # the variant call always takes scales
-            ptrs = [] if scales is None else [s.data_ptr() for s in scales]
-            arrays.append(array.array("Q", ptrs))
+        w_ptrs = array.array("Q", [w.data_ptr() for w in weights])
+        s_ptrs = array.array("Q", [s.data_ptr() for s in scales or []])
         row_array = array.array("l", rows)
-        pointers = [a.buffer_info()[0] if len(a) else None for a in arrays]
-        rc = fn(
-            *head, x.data_ptr(), x.dtype == torch.float32, len(weights),
-            *pointers, row_array.buffer_info()[0],
-            y.data_ptr(), y.dtype == torch.float32, weights[0].shape[1],
+        rc = self.lib.qwen3_matvec(
+            index, x.data_ptr(), x.dtype == torch.float32, len(weights),
+            w_ptrs.buffer_info()[0], s_ptrs.buffer_info()[0] if scales else None,
+            row_array.buffer_info()[0], y.data_ptr(), y.dtype == torch.float32,
+            weights[0].shape[1],
             torch.get_num_threads() if threads is None else threads,
         )  # fmt: skip
         if rc:
@@ -134,19 +135,19 @@ class Kernels:
         return y
 
 
-def _entry_point(
+def _class_of(
     weights: list[torch.Tensor], scales: list[torch.Tensor] | None, exact: bool
 ) -> str:
-    """The grouped C entry point for these weights (ValueError if none)."""
+    """The kernel class for these weights (ValueError if none)."""
     if not weights:
         raise ValueError("matvec_multi needs at least one weight")
     dtype = weights[0].dtype
     if scales is not None and len(scales) != len(weights):
         raise ValueError(f"{len(weights)} weights but {len(scales)} scales")
     if dtype == torch.int8 and scales is not None:
-        return "qwen3_matvec_int8_multi"
+        return "int8"
     if dtype == torch.bfloat16 and scales is None:
-        return "qwen3_matvec_bf16_exact_multi" if exact else "qwen3_matvec_bf16_multi"
+        return "exact" if exact else "fast"
     raise ValueError(
         "matvec takes bf16 weights, or int8 weights with scales; "
         f"got {dtype} weights and scales {scales is not None}"
@@ -246,10 +247,11 @@ def _kernels_for(library: build.Library) -> Kernels:
     return kernels
 
 
-def get_kernels() -> Kernels | None:
+def get_kernels(testing: bool = False) -> Kernels | None:
     """The compiled kernels, building them on first use; None (after one
-    printed line saying why) where they cannot be built or loaded."""
-    library = build.get_library()
+    line on stderr saying why) where they cannot be built or loaded.
+    `testing`: the library's test build (for the tests)."""
+    library = build.get_library(testing)
     return None if library is None else _kernels_for(library)
 
 
@@ -294,12 +296,11 @@ class TorchCPU:
 @functools.cache
 def torch_cpu() -> TorchCPU:
     """The facts of this process's torch and CPU that `bf16_gemv_path` uses."""
-    major, minor = (int(p) for p in torch.__version__.split(".")[:2])
     mkldnn = torch.backends.mkldnn.is_available()
     onednn_bf16 = bool(mkldnn and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     avx512_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     return TorchCPU(
-        torch_version=(major, minor),
+        torch_version=torch_version(),
         mkldnn_built=mkldnn,
         onednn_bf16=onednn_bf16,
         avx512_bf16=bool(avx512_bf16()),

@@ -16,7 +16,6 @@ its linear layers give exactly `F.linear`'s results (see
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,7 +31,7 @@ from utils.fast.kernels import (
     linear_group,
     supports,
 )
-from utils.fast.quantize import Int8Linear, quantize_int8
+from utils.fast.quantize import Int8Linear
 
 __all__ = [
     "CACHE_ROUND",
@@ -266,27 +265,6 @@ class StaticQwen3(nn.Module):
         if tied:  # one shared Parameter, as in the tied Qwen3 checkpoints
             model.out_head.weight = model.tok_emb.weight
         return model.eval()
-
-    @classmethod
-    def from_checkpoint(
-        cls,
-        path: str | os.PathLike,
-        cfg: Mapping[str, Any] | None = None,
-        int8: bool = False,
-    ) -> StaticQwen3:
-        """Load a book checkpoint (.pth) memory-mapped, without a copy in
-        RAM; with `int8=True` quantize it layer by layer, so the bf16
-        weights are never all resident at once (see utils.fast.quantize)."""
-        from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B
-
-        cfg = dict(cfg or QWEN_CONFIG_06_B)
-        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        sd = {k: v.to(cfg["dtype"]) for k, v in sd.items()}
-        model = cls.from_state_dict(cfg, sd)
-        del sd
-        if int8:
-            quantize_int8(model)
-        return model
 
     @classmethod
     def from_book_model(cls, model: nn.Module) -> StaticQwen3:

@@ -19,31 +19,26 @@ float32 sums inside the small operations (norms, softmax, attention) run in
 their own order, so tokens are close to the eager step's, not guaranteed
 equal (measured by `ch02/03_fast-decoding/agreement.py`).
 
-Kernels: the products run the variant `utils.fast.tuner` picks for this
-machine, thread count and model (timed once, then cached; `choice` says
-which). Variants of the exact and int8 classes give the same bits as the
-default kernels, so the choice changes the speed, not the tokens.
+Kernels: the products run the kernels `utils.fast.dispatch` picks from the
+CPU's features (`kernels` names them). Every kernel of the exact and int8
+classes gives the same bits as the AVX2 one, so the choice changes the
+speed, not the tokens.
 """
 
 from __future__ import annotations
 
 import array
-import ctypes
 import operator
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from utils.fast.dispatch import Kernel, choose
 from utils.fast.hugepages import move_weights_to_huge_pages
 from utils.fast.kernels import get_kernels
 from utils.fast.model import greedy_step
-from utils.fast.tuner import Choice, choose_variants
-from utils.fast.variants import Variant, default_variant, variant_table
 
-__all__ = ["NativeStep", "StepClocks", "unsupported_reason"]
+__all__ = ["NativeStep", "unsupported_reason"]
 
 # The layer's linear layers as (weight slot, scales slot, module, attribute)
 _LINEARS = (
@@ -112,6 +107,17 @@ def _layers_reason(model: Any) -> str | None:
     return None
 
 
+def _int8_used(model: Any) -> bool | None:
+    """True when every product has int8 weights, False when none does,
+    None for a mix."""
+    layers = [model.out_head]
+    for block in model.trf_blocks:
+        layers += [getattr(block.att, n) for n in ("W_query", "out_proj")]
+        layers += [getattr(block.ff, n) for n in ("fc1", "fc3")]
+    int8 = {_weight(layer)[1] is not None for layer in layers}
+    return None if len(int8) > 1 else int8.pop()
+
+
 def unsupported_reason(model: Any) -> str | None:
     """Why the native step cannot run this model here (None: it can)."""
     kernels = get_kernels()
@@ -130,42 +136,16 @@ def unsupported_reason(model: Any) -> str | None:
     return _layers_reason(model)
 
 
-@dataclass(frozen=True)
-class StepClocks:
-    """Where a native step's time went: seconds per step, a thread's parts
-    averaged over the step's team (`NativeStep.read_clocks`). Why: on a
-    fast memory the work between the products, not the products, can hold
-    a step back, and only clocks inside the C call tell which part."""
-
-    steps: int
-    call: float  # the whole C call
-    threads: float  # a thread's part, embedding to logits
-    products: float  # the products (x prepared for them too), less the waits
-    waits: float  # waiting for the other threads at the barriers
-    attention: float  # its kv groups: RoPE, cache writes, attention
-
-    @property
-    def rest(self) -> float:
-        """Norms, residual adds, SwiGLU, the embedding row."""
-        return self.threads - self.products - self.waits - self.attention
-
-    @property
-    def outside(self) -> float:
-        """The call less a thread's part: the team's start and end, the
-        argmax, the step's buffers."""
-        return self.call - self.threads
-
-
 class NativeStep:
     """The decode step as one C call, for a `StaticQwen3` (a `DecodeStep` of
     utils.fast.steps): `step(model, cur_token, input_pos, kv_len)` ->
     (next token (1, 1), logits).
 
     Batches other than 1 (and a model set to `use_cpu_matvec(False)`)
-    take the eager step. `exact=True` sums the bf16 products in ATen's dot
-    order (the exact class of kernels); False uses the faster-ordered ones.
-    `variants` forces kernel variants as $QWEN3_KERNEL_VARIANTS does
-    ("default", or names); None: that variable, else the tuner's choice.
+    take the eager step. The bf16 products sum in ATen's dot order (the
+    exact class of kernels). `kernels` forces kernels as
+    $QWEN3_KERNEL_VARIANTS does ("default", or names); None: that variable,
+    else the rules' choice for this CPU (`utils.fast.dispatch`).
     It reads the weights the model had when it was made (and keeps them
     alive); a FastQwen3 renews or drops it when its weights are replaced.
     Where Linux has transparent huge pages, the bf16 weights it streams are
@@ -175,15 +155,12 @@ class NativeStep:
     kind = "native"
     fresh_outputs = True  # new logits and token tensors every call
 
-    def __init__(
-        self, model: Any, exact: bool = True, variants: str | None = None
-    ) -> None:
+    def __init__(self, model: Any, kernels: str | None = None) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"native decode step unavailable: {reason}")
         move_weights_to_huge_pages(model)
-        self.exact = exact
-        self.forced = variants
+        self.forced = kernels
         self._kernels = get_kernels()
         layout = self._kernels.library.layout
         self._g = {name: i for i, name in enumerate(layout["global"])}
@@ -205,100 +182,33 @@ class NativeStep:
         self._eps = float(model.final_norm.eps)
         self._table = array.array("Q", self._static_table(model))
         self._atts = [block.att for block in model.trf_blocks]
-        # the dicts nn.Module keeps the caches in: read per step, they cost
-        # a few microseconds where 58 attribute reads through
-        # Module.__getattr__ took 65 (and several times that with the
-        # interpreter's data cold after the weights streamed through)
+        # the dicts nn.Module keeps the caches in: read per step, far cheaper
+        # than an attribute read through Module.__getattr__ per cache
         self._cache_dicts = [a._buffers for a in self._atts]
         # the cos/sin and cache tensors the table points at, held so their
         # memory cannot be freed and reused while the table names it
         self._cache_refs: tuple[torch.Tensor, ...] = ()
         self._cache_ok = False  # whether those caches are ones the C step takes
         self._keep_cache: tuple[torch.Tensor, ...] = ()
-        self._classes = self._classes_used(model)
         self._outputs: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._ints = array.array("q", [0, 0])  # see _token_and_pos
-        self._choices: dict[int, tuple[Choice, array.array]] = {}
-        self._variants_for(torch.get_num_threads())  # chosen now, not mid-run
-
-    def _classes_used(self, model: Any) -> tuple[str, ...]:
-        """The kernel classes the step's products use: bf16 (exact or fast)
-        and/or int8."""
-        layers = [model.out_head]
-        for block in model.trf_blocks:
-            layers += [getattr(block.att, n) for n in ("W_query", "out_proj")]
-            layers += [getattr(block.ff, n) for n in ("fc1", "fc3")]
-        scales = [_weight(layer)[1] for layer in layers]
-        classes: tuple[str, ...] = ()
-        if any(s is None for s in scales):
-            classes += ("exact" if self.exact else "fast",)
-        if any(s is not None for s in scales):
-            classes += ("int8",)
-        return classes
+        chosen = choose(self._kernels, ("exact", "int8"), setting=kernels)
+        self._chosen = chosen
+        self._indices = array.array("i", [chosen["exact"].index, chosen["int8"].index])
+        self._int8 = _int8_used(model)
 
     @property
-    def choice(self) -> Choice:
-        """The kernel variants of the latest thread count used, and how they
-        were chosen (`Choice.summary()`: e.g. "bf16_exact_avx512 (tuned)")."""
-        return self._choices[self._last_threads][0]
+    def kernels(self) -> dict[str, Kernel]:
+        """The kernel per class the step's products run: "exact" (bf16
+        weights) and/or "int8", as the model's layers need."""
+        used = ("int8",) if self._int8 is True else ("exact",)
+        if self._int8 is None:
+            used = ("exact", "int8")
+        return {cls: self._chosen[cls] for cls in used}
 
-    def _variants_for(self, threads: int) -> array.array:
-        """The variant indices [bf16, int8] the C step takes, chosen (tuned,
-        cached or forced) once per thread count."""
-        self._last_threads = threads
-        if threads not in self._choices:
-            dims = [self._dims[self._d[n]] for n in self._d if n != "CACHE"]
-            shapes = f"{dims} {self._classes}"
-            choice = choose_variants(
-                self._kernels,
-                self._classes,
-                lambda vs: self._time_products(vs, threads),
-                shapes,
-                threads,
-                setting=self.forced,
-            )
-            self._choices[threads] = (choice, self._index_array(choice.variants))
-        return self._choices[threads][1]
-
-    def _index_array(self, variants: Mapping[str, Variant]) -> array.array:
-        """[bf16 variant, int8 variant] indices, defaults for classes unused."""
-        table = variant_table(self._kernels)
-        bf16_class = "exact" if self.exact else "fast"
-        bf16 = variants.get(bf16_class) or default_variant(table, bf16_class)
-        int8 = variants.get("int8") or default_variant(table, "int8")
-        return array.array("i", [bf16.index, int8.index])
-
-    def _time_products(self, variants: Mapping[str, Variant], threads: int) -> float:
-        """Seconds of one pass over the step's products with `variants`."""
-        indices = self._index_array(variants)
-        start = time.perf_counter()
-        rc = self._kernels.lib.qwen3_step_products(
-            self._dims.buffer_info()[0], self._table.buffer_info()[0],
-            indices.buffer_info()[0], threads,
-        )  # fmt: skip
-        if rc:
-            raise RuntimeError(f"qwen3_step_products failed with code {rc}")
-        return time.perf_counter() - start
-
-    def read_clocks(self, on: bool = True) -> StepClocks:
-        """What the step's clocks summed since the last read, per step (all
-        zero when they were off), then starts (`on`) or stops them. Off by
-        default: on, each thread reads the clock about 600 times a step (some
-        microseconds). The clocks are the library's: they sum the steps of
-        every model in this process, one step at a time."""
-        out = (ctypes.c_longlong * 7)()
-        self._kernels.lib.qwen3_step_clocks(int(on), out)
-        steps = out[0]
-        per = 1e-9 / steps if steps else 0.0
-        step, products, product_wait, other_wait, attention = out[2:7]
-        return StepClocks(
-            steps=steps,
-            call=out[1] * per,
-            threads=step * per,
-            products=(products - product_wait) * per,
-            waits=(product_wait + other_wait) * per,
-            attention=attention * per,
-        )
+    def describe(self) -> str:
+        """One line for the reader, e.g. "bf16_exact_avx2, int8_avx2"."""
+        return ", ".join(k.name for k in self.kernels.values())
 
     @property
     def cache_length(self) -> int:
@@ -412,9 +322,9 @@ class NativeStep:
 
     def _fresh_outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """New logits (1, vocab) and token (1, 1) tensors for one step,
-        made OUTPUTS_AHEAD pairs at a time: one torch.empty with the caches
-        cold after a step took about 50 us, the ones right after it a few
-        each. Never handed out twice, so a caller may keep them."""
+        made OUTPUTS_AHEAD pairs at a time: a torch.empty with the caches
+        cold after a step costs many times one made right after another.
+        Never handed out twice, so a caller may keep them."""
         if not self._outputs:
             with torch.inference_mode(False):  # usable in and out of it
                 self._outputs = [
@@ -446,13 +356,11 @@ class NativeStep:
         ):
             return greedy_step(model, cur_token, input_pos, kv_len)
         logits, next_token = self._fresh_outputs()
-        threads = torch.get_num_threads()
-        variants = self._variants_for(threads)
         rc = self._kernels.lib.qwen3_decode_step(
             self._dims.buffer_info()[0], self._eps, self._table.buffer_info()[0],
             *self._token_and_pos(cur_token, input_pos),
-            variants.buffer_info()[0], logits.data_ptr(), next_token.data_ptr(),
-            threads,
+            self._indices.buffer_info()[0], logits.data_ptr(), next_token.data_ptr(),
+            torch.get_num_threads(),
         )  # fmt: skip
         if rc == 1:
             pos = int(input_pos.reshape(-1)[0])

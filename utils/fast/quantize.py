@@ -130,9 +130,8 @@ def int8_block(shapes: list[tuple[int, int]]) -> list[torch.Tensor]:
     written, the partial last one is left on 4 KB pages (no extra memory).
 
     Why: the int8 decode step streams every weight once per token, and it
-    reads faster from 2 MB pages (ch02/03_fast-decoding/README.md, "int8
-    weights on 2 MB pages"); tensors allocated one by one rarely cover a
-    whole aligned 2 MB page."""
+    reads faster from 2 MB pages (see utils.fast.hugepages); tensors
+    allocated one by one rarely cover a whole aligned 2 MB page."""
     offsets, total = [], 0
     for rows, cols in shapes:
         offsets.append(total)

@@ -28,6 +28,9 @@ from utils.device import synchronize
 from utils.fast.model import StaticQwen3, block_forward, greedy_step
 from utils.fast.native import NativeStep, unsupported_reason
 from utils.generation import check_generation_inputs
+from utils.log import get_logger
+
+_log = get_logger(__name__)
 
 __all__ = [
     "CompiledStep",
@@ -75,8 +78,8 @@ EAGER = EagerStep()
 class CompiledStep:
     """Calls a compiled step, `compiled(model, cur_token, input_pos)`, or,
     with `block_fn` (scope "block"), the eager step with that compiled
-    layer. If compiling fails (e.g. no C++ compiler) it prints one line and
-    runs the eager step from then on (`failed`)."""
+    layer. If compiling fails (e.g. no C++ compiler) it says so in one line
+    on stderr and runs the eager step from then on (`failed`)."""
 
     kind = "compiled"
     fresh_outputs = False  # CUDA graphs reuse their output memory
@@ -94,7 +97,11 @@ class CompiledStep:
 
     @classmethod
     def build(cls, scope: str, **compile_kwargs: Any) -> CompiledStep:
-        """torch.compile the whole step (scope "step") or the block."""
+        """torch.compile the whole step (scope "step") or the block, its
+        compiled code kept apart per CPU capability (see utils.compile)."""
+        from utils.compile import separate_inductor_cache
+
+        separate_inductor_cache()
         if scope == "block":
             return cls(
                 block_fn=torch.compile(block_forward, **compile_kwargs), scope=scope
@@ -113,21 +120,20 @@ class CompiledStep:
 
     def _fail(self, exc: Exception) -> None:
         from utils.compile import compile_hint
+        from utils.errors import first_line
 
         self.failed = True
-        lines = str(exc).strip().splitlines()
-        reason = lines[0][:160] if lines else type(exc).__name__
-        print(
-            f"utils.fast: torch.compile failed ({type(exc).__name__}: "
-            f"{reason}); using the eager decode step. {compile_hint(exc)}"
-        )
+        _log.warning(
+            "torch.compile failed (%s); using the eager decode step. %s",
+            first_line(exc, 200), compile_hint(exc),
+        )  # fmt: skip
 
 
 def _renew_native_step(model: FastQwen3, incompatible: Any) -> None:
     # a native step points at the weights: renew it when they are replaced
     step = model.decode_step
     if isinstance(step, NativeStep):
-        model.decode_step = NativeStep(model, exact=step.exact, variants=step.forced)
+        model.decode_step = NativeStep(model, kernels=step.forced)
 
 
 class FastQwen3(StaticQwen3):
@@ -139,6 +145,7 @@ class FastQwen3(StaticQwen3):
         super().__init__(cfg)
         self._step: DecodeStep = EAGER
         self.compile_scope: str | None = None  # "step" or "block" once compiled
+        self.picked: dict[str, Any] | None = None  # what pick_faster measured
         self.register_load_state_dict_post_hook(_renew_native_step)
 
     @property
@@ -193,24 +200,21 @@ class FastQwen3(StaticQwen3):
         """Why the native step cannot run this model here (None: it can)."""
         return unsupported_reason(self)
 
-    def use_native_step(
-        self, enabled: bool = True, exact: bool = True, variants: str | None = None
-    ) -> bool:
+    def use_native_step(self, enabled: bool = True, kernels: str | None = None) -> bool:
         """Run each decode step (batch 1, CPU) as one C call, no compile
         needed (close to, not bit-equal with, eager). Replaces a compiled
-        step. The first use on a machine times the kernel variants (about a
-        second; `variants` forces some, see `NativeStep`). Returns whether
-        it is on; where it cannot run, prints one line saying why and keeps
-        the current step."""
+        step. `kernels` forces kernels (see `NativeStep`). Returns whether
+        it is on; where it cannot run, says why in one line on stderr and
+        keeps the current step."""
         if not enabled:
             if self.decode_native():
                 self.decode_step = None
             return False
         reason = unsupported_reason(self)
         if reason is not None:
-            print(f"utils.fast: native decode step off ({reason})")
+            _log.warning("native decode step off (%s)", reason)
             return False
-        self.decode_step = NativeStep(self, exact=exact, variants=variants)
+        self.decode_step = NativeStep(self, kernels=kernels)
         self.compile_scope = None
         return True
 
@@ -279,8 +283,8 @@ def generate(
 @torch.inference_mode()
 def _all_eos(token: torch.Tensor, eos_token_id: int) -> bool:
     """Whether every row's token is EOS; on CPU through one `tolist`, where
-    `torch.all(token == eos)` takes three torch calls (about 40 against 95
-    us with the caches cold after a step's weights streamed through)."""
+    `torch.all(token == eos)` takes three torch calls (each slow with the
+    caches cold after a step's weights streamed through)."""
     if token.is_cpu:
         return all(t == eos_token_id for row in token.tolist() for t in row)
     return bool(torch.all(token == eos_token_id))

@@ -1,6 +1,6 @@
-/* bf16 <-> float32 and small AVX2 helpers shared by the kernels and the
-   decode step (static inline: every file that includes this gets its own
-   copy, so nothing here is a symbol of the library). */
+/* bf16 <-> float32 and small AVX2 helpers shared by the x86 kernels and
+   the decode step (static inline: every file that includes this gets its
+   own copy, so nothing here is a symbol of the library). */
 #ifndef QWEN3_BF16_H
 #define QWEN3_BF16_H
 
@@ -10,9 +10,6 @@
 
 #define PREFETCH_BYTES 512
 #define PF(p) _mm_prefetch((const char *)(p) + PREFETCH_BYTES, _MM_HINT_T0)
-
-/* functions shared between the library's files, not exported */
-#define QWEN3_INTERNAL __attribute__((visibility("hidden")))
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v),

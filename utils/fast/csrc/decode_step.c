@@ -6,29 +6,24 @@
    SiLU, product and residual add); the float32 sums inside the small
    operations (step_ops.c) run in their own order, so results are close to
    the eager step's, not bit-equal. The matrix-vector products run the
-   kernel variants the caller names (variants.c; chosen by
-   utils/fast/tuner.py). Built with -ffp-contract=off: a*b + c*d is two
-   rounded products and a rounded sum, as in torch. The pointer table's
-   layout is in step_layout.h.
+   kernels the caller names (dispatch.c; chosen by utils/fast/dispatch.py).
+   Built with -ffp-contract=off: a*b + c*d is two rounded products and a
+   rounded sum, as in torch. The pointer table's layout is in
+   step_layout.h.
 
-   The whole step is one parallel region: a fork and join of the threads
-   cost about 1.4 us, a barrier about 0.3-0.6 (a lab loop on a 2-core
-   VM), and a step has 141 regions' worth of products and attention. The
-   vector work between the products (norms, residual adds, SwiGLU, the
-   rounding of x) is short, so every thread does all of it on its own
-   copy of the residual stream, the same operations on the same values
-   and so the same bits; only the products and the attention's kv groups
-   are shared out, each followed by a barrier.
-
-   Optional clocks (qwen3_step_clocks, off by default) sum per thread the
-   time in the products, at the barriers and in the attention, so that a
-   reader can see which part holds a step back on their machine. */
+   The whole step is one parallel region: starting the threads costs
+   several times what a barrier does, and a step has over a hundred
+   products. The vector work between the products (norms, residual adds,
+   SwiGLU, the rounding of x) is short, so every thread does all of it on
+   its own copy of the residual stream, the same operations on the same
+   values and so the same bits; only the products and the attention's kv
+   groups are shared out, each followed by a barrier. */
 
 #include <stdlib.h>
 
-#include "matvec.h"
 #include "step_layout.h"
 #include "step_ops.h"
+#include "team.h"
 
 #ifdef _OPENMP
 int omp_get_thread_num(void); /* from omp.h */
@@ -36,9 +31,9 @@ int omp_get_num_threads(void);
 #endif
 
 typedef struct {
-    const kernel_variant *bf16, *int8; /* the variants the products run */
+    const kernel *bf16, *int8; /* the kernels the products run */
     team tm;     /* this thread of the step's team */
-    float *xbuf; /* this thread's x prepared for the bf16 variant, or int16
+    float *xbuf; /* this thread's x prepared for the bf16 kernel, or int16
                     x (int8) */
 } mv_ctx;
 
@@ -48,8 +43,7 @@ static void mv(mv_ctx *c, const float *x, long k, int count,
                const void *const *w, const float *const *s, const long *n,
                uint16_t *y) {
     const group g = {count, w, s, n};
-    const kernel_variant *v = variant_fitting(s ? c->int8 : c->bf16, k);
-    const long long start = c->tm.clock ? clock_ns() : 0;
+    const kernel *v = kernel_fitting(s ? c->int8 : c->bf16, k);
     if (s) {
         team_int8_group(x, &g, y, 0, k, (int16_t *)c->xbuf, &v->rows, &c->tm);
     } else {
@@ -59,7 +53,6 @@ static void mv(mv_ctx *c, const float *x, long k, int count,
         }
         team_product(&v->rows, x, &g, y, 0, k, &c->tm);
     }
-    if (c->tm.clock) c->tm.clock[CLOCK_PRODUCTS] += clock_ns() - start;
 }
 
 /* y = w @ x for one matrix (s: its int8 scales, NULL for bf16) */
@@ -95,16 +88,15 @@ static int read_dims(const long *dims, double eps_d, long token, long pos,
            || token < 0 || token >= d->V;
 }
 
-/* c's variants from variants[0] (bf16: the exact or the fast class) and
-   variants[1] (int8): 0, 1 for an unknown or misplaced one, 3 when the CPU
+/* c's kernels from kernels[0] (bf16: the exact or the fast class) and
+   kernels[1] (int8): 0, 1 for an unknown or misplaced one, 3 when the CPU
    cannot run one */
-static int read_variants(const int *variants, mv_ctx *c) {
-    const int a = variant_status(variants[0], -1);
-    const int b = variant_status(variants[1], CLASS_INT8);
+static int read_kernels(const int *kernels, mv_ctx *c) {
+    int a, b;
+    c->bf16 = kernel_for(kernels[0], -1, &a);
+    c->int8 = kernel_for(kernels[1], CLASS_INT8, &b);
     if (a == 1 || b == 1) return 1;
     if (a || b) return 3;
-    c->bf16 = variant_for(variants[0], -1);
-    c->int8 = variant_for(variants[1], CLASS_INT8);
     return c->bf16->cls == CLASS_INT8;
 }
 
@@ -168,35 +160,7 @@ static float *alloc_buf(const step_dims *d, const void *const *p, long pos,
     return mem;
 }
 
-/* The step's clocks (see qwen3_step_clocks): per thread of the team (the
-   first CLOCK_THREADS), summed over the steps since the last read; a
-   thread's clocks fill a 64-byte line of their own, so that the threads do
-   not take a line from each other at every clock */
-#define CLOCK_THREADS 64
-_Static_assert(CLOCK_COUNT <= 8, "a thread's clocks fit one 64-byte line");
-static long long clocks[CLOCK_THREADS][8] __attribute__((aligned(64)));
-static long long call_ns, calls;
-static int clocks_on, clock_threads;
-
-/* Stops or starts the step's clocks (on: 0 or 1) and returns what they
-   summed since the last call: out[0] steps, out[1] nanoseconds inside
-   qwen3_decode_step, then out[2 + i] clock i (CLOCK_STEP ...) averaged
-   over the team's threads. One step at a time: steps run side by side in
-   other threads would add into the same sums. */
-void qwen3_step_clocks(int on, long long *out) {
-    const int nt = clock_threads > 0 ? clock_threads : 1;
-    out[0] = calls, out[1] = call_ns;
-    for (int i = 0; i < CLOCK_COUNT; ++i) {
-        long long sum = 0;
-        for (int t = 0; t < nt; ++t) sum += clocks[t][i];
-        out[2 + i] = sum / nt;
-    }
-    memset(clocks, 0, sizeof clocks);
-    call_ns = calls = 0, clock_threads = 0;
-    clocks_on = on != 0;
-}
-
-/* The calling thread's lane of b, its variants those of c */
+/* The calling thread's lane of b, its kernels those of c */
 static lane lane_of(const step_dims *d, const step_buf *b, const mv_ctx *c) {
     lane ln;
     ln.mc = *c;
@@ -206,8 +170,6 @@ static lane lane_of(const step_dims *d, const step_buf *b, const mv_ctx *c) {
     ln.mc.tm.t = 0, ln.mc.tm.nt = 1;
 #endif
     ln.mc.tm.sync = b->left, ln.mc.tm.left = b->left + 2, ln.mc.tm.seq = 0;
-    ln.mc.tm.clock = clocks_on && ln.mc.tm.t < CLOCK_THREADS
-                         ? clocks[ln.mc.tm.t] : NULL;
     ln.x = b->lanes + ln.mc.tm.t * lane_floats(d);
     ln.hin = ln.x + d->E;
     ln.mc.xbuf = ln.hin + k_max(d);
@@ -271,8 +233,8 @@ static void attend_kv_group(const step_dims *d, const void *const *q,
 
 /* x += attention(norm1(x)) for layer q, its key and value written into
    the caches at b->pos; the kv groups (their RoPE too) shared out among
-   the team from two slots on (at position 20 one core took about 24 us
-   per layer for the 8 groups, two about half that) */
+   the team from two slots on (below that, one thread is quicker than a
+   split) */
 static void attention(const step_dims *d, const void *const *q,
                       const step_buf *b, lane *ln) {
     const long E = d->E, H = d->H, G = d->G, D = d->D, len = b->pos + 1;
@@ -282,27 +244,25 @@ static void attention(const step_dims *d, const void *const *q,
     const int shared = nt > 1 && len * H * D >= (1L << 12);
     const long g0 = shared ? G * t / nt : (t ? G : 0);
     const long g1 = shared ? G * (t + 1) / nt : G;
-    team_stall(&ln->mc.tm);
-    long long *clock = ln->mc.tm.clock, start = clock ? clock_ns() : 0;
+    test_stall(ln->mc.tm.t, ln->mc.tm.nt);
     for (long g = g0; g < g1; ++g)
         attend_kv_group(d, q, b, b->y[0], g, len, g + 1 < g1);
-    if (clock) clock[CLOCK_ATTENTION] += clock_ns() - start;
-    timed_barrier(clock, CLOCK_OTHER_WAIT);
+    team_barrier();
     mv1(&ln->mc, b->ctx, H * D, q[L_WO], q[L_SO], E, b->y[1]);
     add_residual(ln->x, b->y[1], E);
 }
 
 /* x += SwiGLU feed-forward(norm2(x)) for layer q; the SwiGLU shared out
-   in blocks of 8 (3072 values took about 3.3 us on one core) */
+   in blocks of 8 */
 static void feed_forward(const step_dims *d, const void *const *q,
                          const step_buf *b, lane *ln) {
     const long E = d->E, F = d->F, t = ln->mc.tm.t, nt = ln->mc.tm.nt;
     rmsnorm(ln->x, E, q[L_NORM2], d->eps, ln->hin);
     mv_gate_up(d, q, &ln->mc, ln->hin, b->y[0]);
-    team_stall(&ln->mc.tm);
+    test_stall(t, nt);
     swiglu(b->y[0], b->y[0] + F, F / 8 * t / nt * 8, F / 8 * (t + 1) / nt * 8,
            b->act);
-    timed_barrier(ln->mc.tm.clock, CLOCK_OTHER_WAIT);
+    team_barrier();
     mv1(&ln->mc, b->act, F, q[L_W3], q[L_S3], E, b->y[1]);
     add_residual(ln->x, b->y[1], E);
 }
@@ -312,7 +272,6 @@ static void step_thread(const step_dims *d, const void *const *p,
                         long token, const step_buf *b, const mv_ctx *c,
                         uint16_t *logits) {
     lane ln = lane_of(d, b, c);
-    const long long start = ln.mc.tm.clock ? clock_ns() : 0;
     embed(d, p, token, ln.x);
     for (long l = 0; l < d->L; ++l) {
         const void *const *q = p + G_COUNT + l * L_COUNT;
@@ -321,11 +280,6 @@ static void step_thread(const step_dims *d, const void *const *p,
     }
     rmsnorm(ln.x, d->E, p[G_FINAL_NORM], d->eps, ln.hin);
     mv1(&ln.mc, ln.hin, d->E, p[G_HEAD], p[G_HEAD_SCALE], d->V, logits);
-    if (ln.mc.tm.clock) {
-        ln.mc.tm.clock[CLOCK_STEP] += clock_ns() - start;
-        if (ln.mc.tm.t == 0) /* the team's size, as OpenMP gave it */
-            clock_threads = ln.mc.tm.nt < CLOCK_THREADS ? ln.mc.tm.nt : CLOCK_THREADS;
-    }
 }
 
 /* The threads a step's team asks for: 1 without OpenMP */
@@ -338,42 +292,23 @@ static int team_size(int threads) {
 #endif
 }
 
-/* One thread's part of qwen3_step_products: every product of the step on
-   the fixed x, each result written over y */
-static void products_thread(const step_dims *d, const void *const *p,
-                            const step_buf *b, const mv_ctx *c,
-                            const float *x, uint16_t *y) {
-    lane ln = lane_of(d, b, c);
-    ln.mc.tm.clock = NULL; /* the clocks time decode steps only */
-    for (long l = 0; l < d->L; ++l) {
-        const void *const *q = p + G_COUNT + l * L_COUNT;
-        mv_qkv(d, q, &ln.mc, x, y);
-        mv1(&ln.mc, x, d->H * d->D, q[L_WO], q[L_SO], d->E, y);
-        mv_gate_up(d, q, &ln.mc, x, y);
-        mv1(&ln.mc, x, d->F, q[L_W3], q[L_S3], d->E, y);
-    }
-    mv1(&ln.mc, x, d->E, p[G_HEAD], p[G_HEAD_SCALE], d->V, y);
-}
-
 /* Logits (bf16, vocab) for the token *token at position *pos and their
    argmax in *next; its key and value are written into the caches first
    (token and pos are read where the caller's tensors hold them: reading
-   them in Python took two torch calls, about 25 us with the caches cold
-   after a step). The bf16
-   products run variant variants[0], the int8 ones variants[1] (indices
-   of qwen3_variant_table). 0 on success, 1 for bad arguments, 2 when out
-   of memory, 3 when the CPU cannot run a variant named. */
+   them in Python costs two torch calls). The bf16 products run kernel
+   kernels[0], the int8 ones kernels[1] (indices of qwen3_kernels). 0 on
+   success, 1 for bad arguments, 2 when out of memory, 3 when the CPU
+   cannot run a kernel named. */
 int qwen3_decode_step(const long *dims, double eps_d, const void *const *p,
                       const int64_t *token_at, const int64_t *pos_at,
-                      const int *variants, uint16_t *logits, long *next,
+                      const int *kernels, uint16_t *logits, long *next,
                       int threads) {
     step_dims d;
     step_buf b;
     mv_ctx c;
-    const long long start = clocks_on ? clock_ns() : 0;
     const long token = (long)*token_at, pos = (long)*pos_at;
     if (read_dims(dims, eps_d, token, pos, &d)) return 1;
-    const int bad = read_variants(variants, &c);
+    const int bad = read_kernels(kernels, &c);
     if (bad) return bad;
     threads = team_size(threads);
     float *mem = alloc_buf(&d, p, pos, threads, &b);
@@ -385,39 +320,6 @@ int qwen3_decode_step(const long *dims, double eps_d, const void *const *p,
     *next = argmax_bf16(logits, d.V);
     free(b.left);
     free(mem);
-    if (clocks_on) call_ns += clock_ns() - start, ++calls;
-    return 0;
-}
-
-/* The step's matrix-vector products alone, in its order and grouping,
-   every weight of the table read once, on a fixed bf16-valued x (the
-   tuner times these; the cache, cos and sin slots are not read). Return
-   codes as qwen3_decode_step. */
-int qwen3_step_products(const long *dims, const void *const *p,
-                        const int *variants, int threads) {
-    step_dims d;
-    step_buf b;
-    mv_ctx c;
-    if (read_sizes(dims, 1e-6, &d)) return 1;
-    const int bad = read_variants(variants, &c);
-    if (bad) return bad;
-    threads = team_size(threads);
-    const long K_MAX = k_max(&d), Y = y_max(&d) > d.V ? y_max(&d) : d.V;
-    float *mem = alloc_buf(&d, p, 0, threads, &b);
-    float *x = mem ? malloc((size_t)K_MAX * 4 + (size_t)Y * 2) : NULL;
-    if (!x) {
-        if (mem) free(b.left);
-        free(mem);
-        return 2;
-    }
-    for (long i = 0; i < K_MAX; ++i) x[i] = rb((float)(i % 17 - 8) / 16.0f);
-    uint16_t *y = (uint16_t *)(x + K_MAX);
-#ifdef _OPENMP
-    #pragma omp parallel num_threads(threads)
-#endif
-    products_thread(&d, p, &b, &c, x, y);
-    free(b.left);
-    free(mem), free(x);
     return 0;
 }
 

@@ -13,8 +13,8 @@
 
 /* The sum of squares in double (each square exact): four 4-lane sums,
    block b of 8 values into pair b % 2, so four chains of adds overlap
-   where one sequential sum waited on each add (about 1 us for 1024
-   values); then (s00 + s10) + (s01 + s11) and its lanes as
+   where one sequential sum would wait on each add; then
+   (s00 + s10) + (s01 + s11) and its lanes as
    (l0 + l2) + (l1 + l3). */
 static double sum_squares(const float *x, long n) {
     __m256d s[2][2] = {{_mm256_setzero_pd(), _mm256_setzero_pd()},
@@ -33,8 +33,8 @@ static double sum_squares(const float *x, long n) {
     return (l[0] + l[2]) + (l[1] + l[3]);
 }
 
-QWEN3_INTERNAL void rmsnorm(const float *x, long n, const float *scale,
-                            float eps, float *out) {
+void rmsnorm(const float *x, long n, const float *scale,
+             float eps, float *out) {
     const double ss = sum_squares(x, n);
     const float r = 1.0f / sqrtf((float)(ss / (double)n) + eps);
     const __m256 rv = _mm256_set1_ps(r);
@@ -44,9 +44,9 @@ QWEN3_INTERNAL void rmsnorm(const float *x, long n, const float *scale,
 }
 
 /* RoPE per 8 lanes: t*cos + rot*sin, two rounded products and one add */
-QWEN3_INTERNAL void norm_rope(const uint16_t *h, long d, const float *scale,
-                              float eps, const float *cos, const float *sin,
-                              float *t, float *out) {
+void norm_rope(const uint16_t *h, long d, const float *scale,
+               float eps, const float *cos, const float *sin,
+               float *t, float *out) {
     for (long i = 0; i < d; i += 8) _mm256_storeu_ps(t + i, bf16x8_natural(h + i));
     if (scale) rmsnorm(t, d, scale, eps, t);
     const long half = d / 2;
@@ -163,8 +163,7 @@ static void pair_scores(const float *q, const uint16_t *kc, long len, long d,
 /* Reads n bf16 values (every 64-byte line once) and drops them: after a
    step's weights have streamed through, a layer's keys and values are in
    DRAM, and a plain load loop keeps many misses in flight where the
-   attention loops, and software prefetches of the same lines, did not
-   (see the fast-decoding README). */
+   attention loops, and software prefetches of the same lines, did not. */
 static void warm_lines(const uint16_t *p, long n) {
     __m256i acc = _mm256_setzero_si256();
     for (long i = 0; i < n; i += 32)
@@ -223,10 +222,10 @@ static void attend_pair(const float *q, const uint16_t *kc, const uint16_t *vc,
     }
 }
 
-QWEN3_INTERNAL void attend_group(const float *q, const uint16_t *kc,
-                                 const uint16_t *vc, long len, long d, long r,
-                                 float *w, float *out, const uint16_t *next_kc,
-                                 const uint16_t *next_vc) {
+void attend_group(const float *q, const uint16_t *kc,
+                  const uint16_t *vc, long len, long d, long r,
+                  float *w, float *out, const uint16_t *next_kc,
+                  const uint16_t *next_vc) {
     long h = 0;
     const int loaded = len * d * 4 <= WARM_BYTES; /* keys and values */
     if (loaded) {
@@ -245,8 +244,8 @@ QWEN3_INTERNAL void attend_group(const float *q, const uint16_t *kc,
         attend_head(q + h * d, kc, vc, len, d, w + h * len, out + h * d);
 }
 
-QWEN3_INTERNAL void swiglu(const uint16_t *gate, const uint16_t *up, long i0,
-                           long n, float *out) {
+void swiglu(const uint16_t *gate, const uint16_t *up, long i0,
+            long n, float *out) {
     const __m256 one = _mm256_set1_ps(1.0f);
     for (long i = i0; i < n; i += 8) {
         const __m256 g = bf16x8_natural(gate + i);
@@ -256,7 +255,7 @@ QWEN3_INTERNAL void swiglu(const uint16_t *gate, const uint16_t *up, long i0,
     }
 }
 
-QWEN3_INTERNAL void add_residual(float *x, const uint16_t *y, long n) {
+void add_residual(float *x, const uint16_t *y, long n) {
     for (long i = 0; i < n; i += 8)
         _mm256_storeu_ps(x + i, rb8(_mm256_add_ps(_mm256_loadu_ps(x + i),
                                                   bf16x8_natural(y + i))));
@@ -264,7 +263,7 @@ QWEN3_INTERNAL void add_residual(float *x, const uint16_t *y, long n) {
 
 /* The maximum eight lanes at a time until a block holds a NaN; then the
    first NaN, else the first index equal to the maximum (all -inf: 0). */
-QWEN3_INTERNAL long argmax_bf16(const uint16_t *v, long n) {
+long argmax_bf16(const uint16_t *v, long n) {
     long i = 0;
     __m256 m = _mm256_set1_ps(-INFINITY);
     for (; i + 8 <= n; i += 8) {

@@ -1,8 +1,8 @@
 /* The decode step's work besides the matrix-vector products: norms, RoPE,
-   attention, SwiGLU, residual adds, argmax (step_ops.c), and their first,
-   plain forms (step_reference.c), which the tests compare with the
-   vectorised ones bit for bit. Values are rounded to bf16 where the book's
-   bf16 model rounds; the float32 sums inside run in their own order. */
+   attention, SwiGLU, residual adds, argmax (step_ops.c; AVX2). Values are
+   rounded to bf16 where the book's bf16 model rounds; the float32 sums
+   inside run in their own order. The tests compare each with its first,
+   plain form (tests/fast/csrc/step_reference.c) bit for bit. */
 #ifndef QWEN3_STEP_OPS_H
 #define QWEN3_STEP_OPS_H
 
@@ -54,42 +54,30 @@ static inline float dot_bf16(const float *q, const uint16_t *k, long d) {
 
 /* The book's RMSNorm in float32: x * rsqrt(mean(x^2) + eps) * scale
    (n % 8 == 0), rounded to bf16 */
-QWEN3_INTERNAL void rmsnorm(const float *x, long n, const float *scale,
-                            float eps, float *out);
+void rmsnorm(const float *x, long n, const float *scale,
+             float eps, float *out);
 /* One head (bf16 values in h, d % 16 == 0 entries): optional qk-norm, then
    RoPE with the row of cos/sin given, rounded to bf16 (t: d floats of
    scratch) */
-QWEN3_INTERNAL void norm_rope(const uint16_t *h, long d, const float *scale,
-                              float eps, const float *cos, const float *sin,
-                              float *t, float *out);
+void norm_rope(const uint16_t *h, long d, const float *scale,
+               float eps, const float *cos, const float *sin,
+               float *t, float *out);
 /* Attention of the r query heads of one kv group (q: r*d floats, d % 8 ==
    0) over cache slots 0..len-1: bf16 scores, scaled, softmax, then the
    weighted sum of the values (w: r*len floats of scratch, out: r*d).
    next_kc, next_vc: the keys and values of the group the caller attends
    next (len slots; NULL: none), fetched into L2 while this one computes */
-QWEN3_INTERNAL void attend_group(const float *q, const uint16_t *kc,
-                                 const uint16_t *vc, long len, long d, long r,
-                                 float *w, float *out, const uint16_t *next_kc,
-                                 const uint16_t *next_vc);
+void attend_group(const float *q, const uint16_t *kc,
+                  const uint16_t *vc, long len, long d, long r,
+                  float *w, float *out, const uint16_t *next_kc,
+                  const uint16_t *next_vc);
 /* out = bf16(bf16(silu(gate)) * up) on bf16 inputs, entries [i0, n)
    (both % 8 == 0) */
-QWEN3_INTERNAL void swiglu(const uint16_t *gate, const uint16_t *up, long i0,
-                           long n, float *out);
+void swiglu(const uint16_t *gate, const uint16_t *up, long i0,
+            long n, float *out);
 /* x = bf16(x + y) for n (% 8 == 0) bf16 values y */
-QWEN3_INTERNAL void add_residual(float *x, const uint16_t *y, long n);
+void add_residual(float *x, const uint16_t *y, long n);
 /* torch.argmax over n >= 1 bf16 values: the first largest, or the first NaN */
-QWEN3_INTERNAL long argmax_bf16(const uint16_t *v, long n);
-
-/* the first forms, as references (step_reference.c): one query head per
-   call; the int8 input quantisation of matvec.c's quantize_x */
-QWEN3_INTERNAL void attend_head_reference(const float *q, const uint16_t *kc,
-                                          const uint16_t *vc, long len, long d,
-                                          float *w, float *out);
-QWEN3_INTERNAL void norm_rope_reference(const uint16_t *h, long d,
-                                        const float *scale, float eps,
-                                        const float *cos, const float *sin,
-                                        float *t, float *out);
-QWEN3_INTERNAL long argmax_bf16_reference(const uint16_t *v, long n);
-QWEN3_INTERNAL int quantize_x_reference(const float *x, long k, int16_t *qx);
+long argmax_bf16(const uint16_t *v, long n);
 
 #endif

@@ -1,0 +1,154 @@
+/* What the CPU runs, the kernel table, and the product entry point.
+
+   Kernels are chosen at run time, never from compile-time guesses: cpuid
+   says which instructions the CPU has, xgetbv whether the OS saves their
+   registers, and a kernel whose instructions are missing is refused here
+   (an error code, never an illegal instruction). Which kernel of a class
+   runs is a rule of utils/fast/dispatch.py, read off these features. */
+
+#include <cpuid.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "team.h"
+
+static int detect_features(void) {
+    unsigned a, b, c, d, xcr0, xcr0_hi;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    const int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
+    if (!osxsave || !avx || __get_cpuid_max(0, NULL) < 7) return 0;
+    __asm__ volatile("xgetbv" : "=a"(xcr0), "=d"(xcr0_hi) : "c"(0));
+    (void)xcr0_hi;
+    if ((xcr0 & 0x6) != 0x6) return 0; /* the OS saves xmm and ymm */
+    __cpuid_count(7, 0, a, b, c, d);
+    const unsigned subleaves = a;
+    int f = 0;
+    if (fma && ((b >> 5) & 1)) f |= CPU_AVX2;
+    /* AVX512 F (bit 16), DQ (17), BW (30), VL (31); the OS saves the
+       opmask and zmm registers (XCR0 bits 5-7) */
+    const unsigned fdbv = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31);
+    if (!(f & CPU_AVX2) || (b & fdbv) != fdbv || (xcr0 & 0xe6) != 0xe6) return f;
+    f |= CPU_AVX512;
+    if ((c >> 11) & 1) f |= CPU_AVX512_VNNI;
+    if (subleaves >= 1) {
+        __cpuid_count(7, 1, a, b, c, d);
+        if ((a >> 5) & 1) f |= CPU_AVX512_BF16;
+    }
+    return f;
+}
+
+#ifdef QWEN3_TESTING
+int test_cpu_limit = -1; /* tests/fast/csrc/testing.c may lower it */
+#else
+#define test_cpu_limit (-1)
+#endif
+
+int cpu_features(void) {
+    static int detected = -1;
+    if (detected < 0) detected = detect_features();
+    return detected & test_cpu_limit;
+}
+
+/* Per class its AVX2 kernel first: the reference of the class and what
+   runs wherever nothing else applies */
+static const kernel KERNELS[] = {
+    {"bf16_exact_avx2", {rows_bf16_exact, 4}, NULL, CLASS_EXACT, CPU_AVX2, 64},
+#ifdef QWEN3_AVX512
+    {"bf16_exact_avx512_xb", {rows_exact_512_xb, 1}, x_to_bf16, CLASS_EXACT,
+     CPU_AVX2 | CPU_AVX512, 64},
+#endif
+    {"bf16_fast_avx2", {rows_bf16, 4}, permute16, CLASS_FAST, CPU_AVX2, 16},
+    {"int8_avx2", {rows_i8q, 4}, NULL, CLASS_INT8, CPU_AVX2, 16},
+#ifdef QWEN3_AVX512
+    {"int8_avx512vnni_s2", {rows_i8q_vnni_s2, 2}, NULL, CLASS_INT8,
+     CPU_AVX2 | CPU_AVX512 | CPU_AVX512_VNNI, 64},
+    {"int8_avx512vnni_s2_nta", {rows_i8q_vnni_s2_nta, 2}, NULL, CLASS_INT8,
+     CPU_AVX2 | CPU_AVX512 | CPU_AVX512_VNNI, 64},
+#endif
+};
+#define N_KERNELS ((int)(sizeof KERNELS / sizeof KERNELS[0]))
+
+static const char *const CLASS_NAMES[CLASS_COUNT] = {"exact", "fast", "int8"};
+
+const kernel *kernel_for(int i, int cls, int *why) {
+    if (i < 0 || i >= N_KERNELS || (cls >= 0 && KERNELS[i].cls != cls)) {
+        *why = 1;
+        return NULL;
+    }
+    if (KERNELS[i].needs & ~cpu_features()) {
+        *why = 3;
+        return NULL;
+    }
+    *why = 0;
+    return &KERNELS[i];
+}
+
+static const kernel *first_of(int cls) {
+    for (int i = 0; i < N_KERNELS; ++i)
+        if (KERNELS[i].cls == cls) return &KERNELS[i];
+    return NULL; /* not reached: every class has its AVX2 kernel */
+}
+
+const kernel *kernel_fitting(const kernel *v, long k) {
+    if (k % v->kmul == 0) return v;
+    return first_of(v->cls == CLASS_INT8 ? CLASS_INT8 : CLASS_FAST);
+}
+
+/* ---- entry points (api.h) ------------------------------------------- */
+
+int qwen3_abi(void) {
+#ifdef _OPENMP
+    return QWEN3_ABI | 1;
+#else
+    return QWEN3_ABI;
+#endif
+}
+
+const char *qwen3_cpu_feature_names(void) {
+    return "avx2,avx512,avx512_bf16,avx512_vnni"; /* "avx512": F, BW, DQ, VL */
+}
+
+int qwen3_cpu_features(void) { return cpu_features(); }
+
+const char *qwen3_kernels(void) {
+    static char text[1024];
+    if (!text[0]) {
+        size_t used = 0;
+        for (int i = 0; i < N_KERNELS; ++i) {
+            const kernel *v = &KERNELS[i];
+            used += (size_t)snprintf(text + used, sizeof text - used,
+                                     "%s:%s:%d:%d;", v->name,
+                                     CLASS_NAMES[v->cls], v->needs, v->kmul);
+        }
+    }
+    return text;
+}
+
+/* A kernel that takes x as bf16 refuses an x bf16 cannot hold (it would
+   round it); the step's x always holds bf16 values */
+int qwen3_matvec(int kernel_index, const void *x, int x_f32, int count,
+                 const void *const *w, const float *const *scales,
+                 const long *n, void *y, int y_f32, long k, int threads) {
+    int why;
+    const kernel *v = kernel_for(kernel_index, -1, &why);
+    if (!v) return why;
+    if (k < 1 || k % v->kmul || bad_group(count, n)
+        || (v->cls == CLASS_INT8) != (scales != NULL))
+        return 1;
+    float *xn = malloc((size_t)k * 8 + 64); /* x, then x prepared */
+    if (!xn) return 2;
+    load_x(x, x_f32, k, xn);
+    float *xp = xn + k;
+    const group g = {count, w, scales, n};
+    int rc = 0;
+    if (v->cls == CLASS_INT8) {
+        int8_group(xn, &g, y, y_f32, k, threads, (int16_t *)xp, &v->rows);
+    } else if (v->prep == x_to_bf16 && needs_float_x(xn, k)) {
+        rc = 1;
+    } else {
+        if (v->prep) v->prep(xn, k, xp);
+        run(&v->rows, v->prep ? xp : xn, &g, y, y_f32, k, threads);
+    }
+    free(xn);
+    return rc;
+}

@@ -1,0 +1,63 @@
+/* Threads and scheduling (team.c): a product's rows shared out between
+   threads, a thread that finishes early taking passes from the back of
+   another's share, and the barriers of a decode step's team. */
+#ifndef QWEN3_TEAM_H
+#define QWEN3_TEAM_H
+
+#include "kernels.h"
+
+/* The passes of one piece of a product not yet taken: front << 32 | back,
+   on a cache line of its own */
+typedef struct {
+    uint64_t left;
+    char pad[56];
+} passes_left;
+
+/* A parallel region's threads running a sequence of products together
+   (decode_step.c): thread t of nt, the team's shared passes-left words
+   (TEAM_COUNT per thread) and two words that say which product they were
+   last filled for (sync; all zero before the first), and this thread's
+   count of the products it has joined */
+#define TEAM_COUNT 3
+typedef struct {
+    passes_left *left, *sync;
+    long seq;
+    int t, nt;
+} team;
+
+/* `words` passes-left words, 64-byte aligned and zero; NULL when out of
+   memory */
+passes_left *team_words(size_t words);
+/* 1 for a group of no matrices or a negative row count */
+int bad_group(int count, const long *n);
+/* All rows of a group, split over `threads` threads in a parallel region
+   of its own */
+int run(const row_kernel *rk, const float *xv, const group *g, void *y,
+        int y_f32, long k, int threads);
+/* The int8 product of a group with the 16-bit row kernel `rows` (qx:
+   scratch of k int16 + one float); float32 rows_i8 if x holds inf or NaN */
+void int8_group(const float *xn, const group *g, void *y, int y_f32, long k,
+                int threads, int16_t *qx, const row_kernel *rows);
+/* Inside a team's parallel region: the calling thread's share of a
+   group's product, then a barrier; every thread of the team calls it with
+   the same arguments, and on return y is complete */
+void team_product(const row_kernel *rk, const float *xv, const group *g,
+                  void *y, int y_f32, long k, team *tm);
+/* int8_group as a team_product (qx: this thread's own scratch) */
+void team_int8_group(const float *xn, const group *g, void *y, int y_f32,
+                     long k, int16_t *qx, const row_kernel *rows, team *tm);
+/* Waits for every thread of the team (no-op outside a parallel region) */
+void team_barrier(void);
+
+/* The test build's hooks (tests/fast/csrc/testing.c): a count of the
+   passes taken from another thread's share, and a delay of the last
+   thread; in the reader's library they compile to nothing */
+#ifdef QWEN3_TESTING
+void test_count_stolen(long passes);
+void test_stall(int t, int nt);
+#else
+#define test_count_stolen(passes) ((void)0)
+#define test_stall(t, nt) ((void)0)
+#endif
+
+#endif

@@ -1,0 +1,216 @@
+"""Which matrix-vector kernel runs: a small rule table over CPU features.
+
+The library (`csrc/dispatch.c`) holds a few kernels per class: "exact"
+(bf16 summed in ATen's order: every kernel gives the same bits), "fast"
+(bf16 in a free order, within float32's error bound; what compiled graphs
+call) and "int8" (every kernel gives the bits of the AVX2 int8 kernel).
+The first kernel of each class is the AVX2 one: the class's reference and
+what runs wherever no rule applies.
+
+Why rules and not timing: as in ggml-cpu, which runs on more CPUs than any
+other project we know, the choice follows the CPU's features alone, so it
+is instant, the same on every run, and testable by naming a feature set.
+Timing kernels on a reader's first run cost seconds and, on a shared
+machine whose memory changes speed from minute to minute, sometimes picked
+a kernel that was slower over the long run. The measurements behind each
+rule are in ch02/03_fast-decoding/README.md; `step_bandwidth.py --kernels`
+there times the kernels a CPU runs, for a reader who wants to check theirs.
+
+`QWEN3_KERNEL_VARIANTS` overrides the rules: "default" (the AVX2 kernels)
+or kernel names (e.g. "int8_avx512vnni_s2_nta"). A kernel other than the
+reference is checked once per process against its class's reference on a
+small problem (bits, or the bound) before it runs; one that fails is not
+used, with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from utils import settings
+from utils.fast.kernels import Kernels
+from utils.log import get_logger
+
+__all__ = [
+    "CLASSES",
+    "RULES",
+    "ENV",
+    "Kernel",
+    "choose",
+    "cpu_features",
+    "kernel_table",
+    "rule_choice",
+]
+
+CLASSES = ("exact", "fast", "int8")
+ENV = "QWEN3_KERNEL_VARIANTS"
+_log = get_logger(__name__)
+
+# Per class, the first rule whose features the CPU has names the kernel;
+# the class's AVX2 kernel where none applies.
+RULES: dict[str, tuple[tuple[frozenset[str], str], ...]] = {
+    "exact": ((frozenset({"avx512"}), "bf16_exact_avx512_xb"),),
+    "fast": (),
+    "int8": ((frozenset({"avx512", "avx512_vnni"}), "int8_avx512vnni_s2"),),
+}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One entry of the library's table: its index (what the C calls
+    take), name, class, the CPU features it needs and the multiple k must
+    be."""
+
+    index: int
+    name: str
+    cls: str
+    needs: frozenset[str]
+    kmul: int
+
+
+def _feature_names(kernels: Kernels) -> list[str]:
+    return kernels.lib.qwen3_cpu_feature_names().decode("ascii").split(",")
+
+
+def _names_of(bits: int, names: list[str]) -> frozenset[str]:
+    return frozenset(n for i, n in enumerate(names) if bits >> i & 1)
+
+
+@functools.cache
+def _table(kernels: Kernels) -> tuple[Kernel, ...]:
+    names = _feature_names(kernels)
+    table = []
+    text = kernels.lib.qwen3_kernels().decode("ascii")
+    for i, entry in enumerate(e for e in text.split(";") if e):
+        name, cls, needs, kmul = entry.split(":")
+        table.append(Kernel(i, name, cls, _names_of(int(needs), names), int(kmul)))
+    return tuple(table)
+
+
+def kernel_table(kernels: Kernels) -> tuple[Kernel, ...]:
+    """Every kernel the library was built with, in its table's order."""
+    return _table(kernels)
+
+
+def cpu_features(kernels: Kernels) -> frozenset[str]:
+    """What this CPU and OS run, as the library detects it: "avx2" (with
+    FMA), "avx512" (F, BW, DQ and VL), "avx512_bf16", "avx512_vnni"."""
+    return _names_of(kernels.lib.qwen3_cpu_features(), _feature_names(kernels))
+
+
+def rule_choice(cls: str, features: frozenset[str], table: Sequence[Kernel]) -> Kernel:
+    """The kernel of class `cls` the rules pick for a CPU with `features`
+    (a rule naming a kernel the library lacks is skipped)."""
+    by_name = {k.name: k for k in table}
+    for needs, name in RULES[cls]:
+        if needs <= features and name in by_name:
+            return by_name[name]
+    return next(k for k in table if k.cls == cls)
+
+
+def _problem(cls: str, gen: torch.Generator):
+    """(x, weights, scales) of the load-time check: two matrices sharing x
+    (101 rows: full passes and leftovers, split over two threads),
+    k = 2048 (two int8 chunks), entries of very different sizes."""
+    rows, k = (64, 37), 2048
+    if cls == "int8":
+        ws = [
+            torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
+            for n in rows
+        ]
+        ws[0][0] = -127
+        scales = [torch.rand(n, generator=gen) * 0.01 + 1e-4 for n in rows]
+        return torch.randn(k, generator=gen), ws, scales
+    ws = [(torch.randn(n, k, generator=gen) * 0.05).bfloat16() for n in rows]
+    ws[0][0, :4] = torch.tensor([3e4, -1e-3, 7.0, -3e4])
+    x = (torch.randn(k, generator=gen) * 2).bfloat16().float()  # as the step's
+    return x, ws, None
+
+
+def check_kernel(kernels: Kernels, kernel: Kernel, reference: Kernel) -> str | None:
+    """Why `kernel` fails its class's check here (None: it passes): the
+    reference's bits for float32 and bf16 outputs on one and two threads,
+    or for the fast class |y - w.x| <= gamma_k * sum|w_i x_i|
+    (gamma_k = k u / (1 - k u), u = 2**-24) against the float64 product."""
+    gen = torch.Generator().manual_seed(kernel.index)
+    x, ws, scales = _problem(kernel.cls, gen)
+    for threads in (1, 2):
+        for out in (torch.float32, torch.bfloat16):
+            got = kernels.matvec_with(kernel.index, x.to(out), ws, scales, threads)
+            if kernel.cls == "fast":
+                if out == torch.float32 and not _within_bound(got, x, ws):
+                    return "results outside float32's error bound"
+                continue
+            want = kernels.matvec_with(reference.index, x.to(out), ws, scales, threads)
+            bits = torch.int32 if out == torch.float32 else torch.int16
+            if not torch.equal(got.view(bits), want.view(bits)):
+                return f"results differ from {reference.name}'s bits"
+    return None
+
+
+def _within_bound(got: torch.Tensor, x: torch.Tensor, ws: list[torch.Tensor]) -> bool:
+    w = torch.cat(ws).double()
+    k = w.shape[1]
+    gamma = k * 2.0**-24 / (1 - k * 2.0**-24)
+    bound = gamma * (w.abs() @ x.double().abs())
+    return bool(((got.double() - w @ x.double()).abs() <= bound).all())
+
+
+@functools.cache
+def _passes_check(kernels: Kernels, kernel: Kernel) -> bool:
+    """`check_kernel` once per process; one line on stderr when it fails."""
+    reference = next(k for k in kernel_table(kernels) if k.cls == kernel.cls)
+    if kernel == reference:
+        return True
+    reason = check_kernel(kernels, kernel, reference)
+    if reason is not None:
+        _log.warning("kernel %s not used (%s)", kernel.name, reason)
+    return reason is None
+
+
+def _forced(text: str, chosen: dict[str, Kernel], table, features) -> dict[str, Kernel]:
+    """`chosen` with the kernels `text` names in place of the rules' (one
+    line on stderr for each name that cannot be used)."""
+    known = {k.name: k for k in table}
+    for name in (n.strip() for n in text.split(",") if n.strip()):
+        k = known.get(name)
+        if k is None:
+            _log.warning("%s names no kernel %r (known: %s)", ENV, name,
+                         ", ".join(known))  # fmt: skip
+        elif k.needs - features:
+            _log.warning("kernel %s cannot run on this CPU (it lacks %s)",
+                         name, ", ".join(sorted(k.needs - features)))  # fmt: skip
+        elif k.cls in chosen:
+            chosen[k.cls] = k
+    return chosen
+
+
+def choose(
+    kernels: Kernels,
+    classes: Sequence[str] = CLASSES,
+    setting: str | None = None,
+    features: frozenset[str] | None = None,
+) -> dict[str, Kernel]:
+    """The kernel per class in `classes`: the rules' choice for this CPU (or
+    for `features`, never more than this CPU has: for the tests), unless
+    `setting` (None: $QWEN3_KERNEL_VARIANTS) says otherwise; a kernel that
+    fails its load-time check gives way to the class's reference."""
+    table, have = kernel_table(kernels), cpu_features(kernels)
+    features = have if features is None else features & have
+    if setting is None:
+        setting = settings.text(ENV) or ""
+    setting = setting.strip()
+    if setting == "default":
+        chosen = {c: rule_choice(c, frozenset(), table) for c in classes}
+    else:
+        chosen = {c: rule_choice(c, features, table) for c in classes}
+        if setting:
+            chosen = _forced(setting, chosen, table, features)
+    for cls, k in chosen.items():
+        if not _passes_check(kernels, k):
+            chosen[cls] = rule_choice(cls, frozenset(), table)
+    return chosen

@@ -1,0 +1,189 @@
+"""The fast decoder's one door: a registry of decode paths.
+
+Everything outside `utils/fast/` (the benchmark, the command line, the
+streamer behind the notebooks' generation panel, the bonus scripts) asks
+this table what paths exist, whether one can run here, and how to build it
+for a loaded book model; none of them decides paths itself. Offering a new
+path everywhere is one `DecodePath` entry (its builder is `DecodePath.build`,
+driven by the entry's fields).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from utils.log import get_logger
+
+__all__ = ["PATHS", "DecodePath", "describe_step", "get_path", "path_for"]
+
+_log = get_logger(__name__)
+
+INT8_NOTE = (
+    "weight-only int8: about half the bytes per token; approximate, tokens "
+    "can differ from bf16's"
+)
+
+
+@dataclass(frozen=True)
+class DecodePath:
+    """One way to decode with the fast model (`FastQwen3`): static KV cache,
+    plus int8 weights, a compiled step or block, the native C step, or the
+    fastest of eager, compiled and native as timed here."""
+
+    name: str
+    summary: str
+    int8: bool = False
+    compile: str | None = None  # "step" or "block": what compile_decode compiles
+    native: bool = False
+    fastest: bool = False  # block compiled, then pick_faster keeps the fastest
+    in_default_run: bool = True  # run by the benchmark when no modes are named
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """What the path needs, in words (CPU, C compiler, torch.compile)."""
+        needs = []
+        if self.int8 or self.native:
+            needs.append("a CPU")
+        if self.native:
+            needs.append("a C compiler and an x86-64 CPU with AVX2")
+        if self.compile:
+            needs.append("torch.compile")
+        return tuple(needs)
+
+    def unavailable(self, device: torch.device | str) -> str | None:
+        """Why this path cannot run on `device` here (None: it can)."""
+        if (self.int8 or self.native) and torch.device(device).type != "cpu":
+            return "its kernels run on a CPU only"
+        if self.native:
+            from utils.fast.kernels import get_kernels
+
+            if get_kernels() is None:
+                return "the C kernels are not available here (see the line above)"
+        return None
+
+    def build(
+        self,
+        book_model: torch.nn.Module,
+        token_ids: torch.Tensor | None = None,
+        max_new_tokens: int | None = None,
+        adopt: bool = False,
+    ) -> Any:
+        """The fast model for `book_model` on this path (its weights shared,
+        not copied). `token_ids` and `max_new_tokens` let a `fastest` path
+        time the steps at the size it will run. `adopt`: the fast model
+        takes the book model's weights over (the book model is left empty),
+        so int8 quantization can free each bf16 matrix as it goes."""
+        from utils.fast.quantize import quantize_int8
+        from utils.fast.steps import FastQwen3
+
+        fast = FastQwen3.from_book_model(book_model)
+        if adopt:
+            _empty(book_model)
+        if self.int8:
+            quantize_int8(fast)
+            _log.info("%s: %s", self.name, INT8_NOTE)
+        if self.compile:
+            fast.compile_decode(scope=self.compile)
+        if self.fastest and token_ids is not None:
+            _pick(fast, token_ids, max_new_tokens, self.compile or "block")
+        if self.native and fast.use_native_step():
+            _log.info("%s: one C call per token (%s)", self.name,
+                      describe_step(fast))  # fmt: skip
+        return fast
+
+
+def _empty(model: torch.nn.Module) -> None:
+    """Drop every parameter reference of `model` (its weights now belong to
+    the fast model built from it)."""
+    for module in model.modules():
+        for name in list(module._parameters):
+            module._parameters[name] = None
+
+
+def _pick(fast: Any, token_ids: torch.Tensor, max_new_tokens, scope: str) -> None:
+    from utils.fast.steps import pick_faster
+
+    pick = pick_faster(fast, token_ids, max_new_tokens=max_new_tokens, scope=scope)
+    fast.picked = pick
+    native = pick["native_s"]
+    native = "" if native is None else f", native {native * 1000:.0f}"
+    _log.info(
+        "%s decoding is fastest here (eager %.0f, compiled %.0f%s ms per token; "
+        "compiling took %.1f s)",
+        pick["choice"], pick["eager_s"] * 1000, pick["compiled_s"] * 1000, native,
+        pick["compile_s"],
+    )  # fmt: skip
+
+
+PATHS: tuple[DecodePath, ...] = (
+    DecodePath("fast", "static cache, eager"),
+    DecodePath("fast_compiled", "static cache, compiled decode step",
+               compile="step"),
+    DecodePath("fast_block_compiled",
+               "static cache, one compiled block for all layers", compile="block"),
+    DecodePath("fast_int8", "static cache, int8 weights, compiled (approximate)",
+               int8=True, compile="step"),
+    DecodePath("fast_native", "static cache, whole step in one C call (CPU)",
+               native=True),
+    DecodePath("fast_native_int8",
+               "one C call per step, int8 weights (approximate)",
+               int8=True, native=True),
+    DecodePath("fast_eager_int8", "static cache, int8 weights, eager (approximate)",
+               int8=True, in_default_run=False),
+    DecodePath("fast_fastest",
+               "compiled block, then the fastest of eager, compiled and native",
+               compile="block", fastest=True, in_default_run=False),
+    DecodePath("fast_fastest_int8",
+               "int8 weights, then the fastest of eager, compiled and native",
+               int8=True, compile="block", fastest=True, in_default_run=False),
+)  # fmt: skip
+
+_BY_NAME = {p.name: p for p in PATHS}
+
+
+def get_path(name: str) -> DecodePath:
+    """The path called `name`; ValueError naming the choices otherwise."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ValueError(
+            f"no decode path {name!r}; choose from {', '.join(_BY_NAME)}"
+        ) from None
+
+
+def path_for(
+    device: torch.device | str,
+    int8: bool = False,
+    compile: bool = False,
+    say: Callable[[str], Any] | None = None,
+) -> DecodePath:
+    """The path that the command line's `--fast [--int8] [--compile]` and
+    the generation panel's switches mean on `device`: with compile, the
+    fastest of eager, compiled and native as timed here; else on a CPU the
+    native step where it can run; else eager. ValueError for int8 off the
+    CPU. When the native step cannot run, one line says why (`say`, default
+    the logger)."""
+    int8_tag = "_int8" if int8 else ""
+    if int8 and torch.device(device).type != "cpu":
+        raise ValueError("int8 weights run on a CPU only; use --device cpu")
+    if compile:
+        return get_path(f"fast_fastest{int8_tag}")
+    native = get_path(f"fast_native{int8_tag}")
+    if torch.device(device).type == "cpu":
+        reason = native.unavailable(device)
+        if reason is None:
+            return native
+        (say or _log.warning)(f"native decode step off ({reason})")
+    return get_path("fast_eager_int8" if int8 else "fast")
+
+
+def describe_step(model: Any) -> str | None:
+    """The kernels a fast model's native step runs (e.g. "bf16_exact_avx2"),
+    None for any other step."""
+    step = getattr(model, "decode_step", None)
+    describe = getattr(step, "describe", None)
+    return describe() if callable(describe) else None
