@@ -8,9 +8,7 @@ kernels are built into another one (`QWEN3_KERNEL_CACHE`), not into ~/.cache.
 Inductor's compiled code goes to one folder per `ATEN_CPU_CAPABILITY`.
 """
 
-import getpass
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -52,20 +50,12 @@ def pytest_collection_modifyitems(
 
 
 def _inductor_cache_per_capability() -> None:
-    """Inductor's FX-graph cache does not key on ATEN_CPU_CAPABILITY: code
-    compiled in a default (AVX-512) run, reused under ATEN_CPU_CAPABILITY=avx2,
-    crashes with SIGBUS (torch 2.10). Each capability gets its own subfolder
-    of TORCHINDUCTOR_CACHE_DIR (a given one, else torch's default)."""
-    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not base:
-        try:
-            user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
-        except (KeyError, OSError):  # no name for this uid
-            user = str(os.getuid()) if hasattr(os, "getuid") else "user"
-        base = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
-    capability = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
-    folder = os.path.join(base, f"capability-{capability or 'native'}")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    """Compiled code in one subfolder of inductor's cache per
+    ATEN_CPU_CAPABILITY, as for readers (utils.compile), set before any
+    notebook kernel starts so they inherit it."""
+    from utils.compile import separate_inductor_cache
+
+    separate_inductor_cache()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

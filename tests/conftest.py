@@ -1,6 +1,14 @@
 """The fixtures more than one test module uses. Stand-ins, kernels and
 compile caches go to folders this run owns (the root conftest.py sets
-QWEN3_STANDIN_DIR, QWEN3_KERNEL_CACHE and TORCHINDUCTOR_CACHE_DIR)."""
+QWEN3_STANDIN_DIR, QWEN3_KERNEL_CACHE and TORCHINDUCTOR_CACHE_DIR).
+
+Environment variables only the tests read (the README lists the others):
+    QWEN3_REAL_DOWNLOAD=1   run the tests that download the real model
+                            (tests/test_real_download.py, test_download.py)
+    QWEN3_REAL_DIR          where those keep the real files between runs
+    QWEN3_BROWSER           the Chromium binary of tests/test_browser_widgets.py
+    QWEN3_ZH_NOTEBOOKS=1    also run the Chinese notebooks under nbval
+"""
 
 import pytest
 

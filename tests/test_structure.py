@@ -179,3 +179,132 @@ def test_c_functions_are_short_enough_to_read():
         if n > MAX_C_FUNCTION_LINES
     ]
     assert csrc.is_dir() and not long, long
+
+
+MAX_MODULE_LINES = 800
+MAX_ENGINE_LINES = 4000
+ENGINE = UTILS / "fast"
+
+
+def line_count(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines())
+
+
+def test_no_module_is_longer_than_800_lines():
+    long = {
+        str(p.relative_to(UTILS.parent)): n
+        for p in sorted(UTILS.rglob("*.py"))
+        if (n := line_count(p)) > MAX_MODULE_LINES
+    }
+    assert not long, long
+
+
+def engine_lines() -> dict[str, int]:
+    """Lines of the fast decoder's Python and C (its test build is in tests/)."""
+    files = [*ENGINE.rglob("*.py"), *(ENGINE / "csrc").glob("*.[ch]")]
+    return {str(p.relative_to(ENGINE)): line_count(p) for p in sorted(files)}
+
+
+def test_the_fast_engine_stays_in_proportion():
+    counts = engine_lines()
+    assert "csrc/api.h" in counts and "paths.py" in counts
+    assert sum(counts.values()) <= MAX_ENGINE_LINES, sum(counts.values())
+
+
+def exported(package: str) -> set[str]:
+    tree = ast.parse((UTILS / "fast" / "__init__.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and node.targets[0].id == "__all__":
+            return set(ast.literal_eval(node.value))
+    raise AssertionError(f"{package} has no __all__")
+
+
+def imports_of_the_engine(path: Path) -> list[tuple[str, str]]:
+    """(module, name) of every `from utils.fast... import name` in a file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+            "utils.fast"
+        ):
+            found += [(node.module, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [
+                (a.name, "") for a in node.names if a.name.startswith("utils.fast")
+            ]
+    return found
+
+
+def test_outside_code_uses_only_the_engines_door():
+    """The chapter's helpers, the commands and the bonus scripts import only
+    what `utils.fast` exports (its registry, builders and probes); the
+    engine's modules are its own business (tests may look inside)."""
+    door = exported("utils.fast")
+    outside = [
+        *(p for p in UTILS.rglob("*.py") if ENGINE not in p.parents),
+        *(UTILS.parent / "ch02").rglob("*.py"),
+        *(UTILS.parent / "scripts").rglob("*.py"),
+    ]
+    wrong = [
+        f"{p.relative_to(UTILS.parent)}: {module} {name}"
+        for p in outside
+        for module, name in imports_of_the_engine(p)
+        if module != "utils.fast" or name not in door
+    ]
+    assert not wrong, wrong
+
+
+def environment_reads(tree: ast.Module) -> set[str]:
+    """Names of environment variables a module reads: os.environ.get("X"),
+    os.environ["X"], os.getenv("X"), settings.text/flag("X"), the name
+    given directly or as a module constant."""
+    constants = {
+        node.targets[0].id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Constant)
+    }
+    names = set()
+    for node in ast.walk(tree):
+        key = None
+        if isinstance(node, ast.Call) and node.args:
+            fn = node.func
+            called = ast.unparse(fn)
+            if called in ("os.environ.get", "os.getenv", "settings.text",
+                          "settings.flag", "os.environ.setdefault"):  # fmt: skip
+                key = node.args[0]
+        elif (
+            isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ"
+        ):
+            key = node.slice
+        if isinstance(key, ast.Name):  # a module constant naming it
+            key = ast.Constant(constants.get(key.id))
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            names.add(key.value)
+    return names
+
+
+def test_every_environment_variable_the_code_reads_is_a_setting():
+    from utils.settings import SETTINGS
+
+    known = {s.name for s in SETTINGS}
+    read = {
+        (name, module)
+        for module, tree in modules().items()
+        for name in environment_reads(tree)
+    }
+    assert {n for n, _ in read} >= {"QWEN3_STANDIN", "QWEN3_KERNEL_CACHE"}
+    unknown = sorted(
+        (n, m) for n, m in read if n not in known | {"PYTEST_CURRENT_TEST"}
+    )
+    assert not unknown, unknown
+
+
+def test_the_readme_lists_every_setting():
+    from utils.settings import SETTINGS
+
+    readme = (UTILS.parent / "README.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(" `") for line in readme.splitlines()
+            if line.startswith("| `")}  # fmt: skip
+    missing = [s.name for s in SETTINGS if s.name not in rows]
+    assert not missing, missing

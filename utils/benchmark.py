@@ -67,7 +67,7 @@ class Mode:
 
 
 def _fast_modes() -> tuple[Mode, ...]:
-    from utils.fast.paths import PATHS
+    from utils.fast import PATHS
 
     return tuple(
         Mode(p.name, p.summary, "fast", compiled=p.compile is not None,

@@ -27,10 +27,14 @@ class UsageError(Exception):
     failed download); printed as one line, exit status 2."""
 
 
-def first_line(exc: BaseException, limit: int | None = None) -> str:
+def first_line(
+    exc: BaseException, limit: int | None = None, text: str | None = None
+) -> str:
     """``"TypeName: first non-empty line of the message"``, or just the type
-    name for an empty message; cut to `limit` characters (ending in "...")."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    name for an empty message; cut to `limit` characters (ending in "...").
+    `text` stands in for the message (a cleaned-up form of it)."""
+    message = str(exc) if text is None else text
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
     text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
     if limit is not None and len(text) > limit:
         text = text[: max(limit - 3, 0)] + "..."

@@ -84,8 +84,9 @@ def summarize_problems(problems: list[str], shown: int = 3) -> str:
 def load_error_text(exc: BaseException) -> str:
     """What went wrong when torch.load failed, in a few words: no ANSI
     codes and none of torch's advice on loading untrusted files."""
+    from utils.errors import first_line
+
     text = _ANSI.sub("", str(exc)).strip()
-    first = (text.splitlines() or [""])[0]
     if "Weights only load failed" in text:
         return (
             "it holds Python objects, not only tensors, and "
@@ -93,8 +94,8 @@ def load_error_text(exc: BaseException) -> str:
         )
     if "central directory" in text or "zip archive" in text:
         return "it is not a complete PyTorch zip checkpoint (truncated?)"
-    first = first.split(" This file can still be loaded")[0]
-    return f"{type(exc).__name__}: {first[:160]}"
+    first = (text.splitlines() or [""])[0].split(" This file can still be loaded")
+    return first_line(exc, 160 + len(type(exc).__name__) + 2, text=first[0])
 
 
 def read_checkpoint(

@@ -113,8 +113,7 @@ def native_models(book: Any, kernels: list[str]) -> dict[str, Any]:
     """{name: fast model with the native step} built through the fast
     decoder's registry: bf16 and int8, or one per kernel in `kernels` (its
     class's weights: int8 for int8 kernels, bf16 otherwise)."""
-    from utils.fast import get_kernels, get_path
-    from utils.fast.dispatch import kernel_table
+    from utils.fast import get_kernels, get_path, kernel_table
 
     if not kernels:
         return {f"native {kind}": get_path(path).build(book)

@@ -22,6 +22,7 @@ from utils.fast.bandwidth import (
     time_beside_sum,
     weight_bytes_per_token,
 )
+from utils.fast.dispatch import kernel_table
 from utils.fast.kernels import get_kernels
 from utils.fast.model import StaticQwen3, cache_length_for
 from utils.fast.paths import PATHS, DecodePath, describe_step, get_path, path_for
@@ -53,6 +54,7 @@ __all__ = [
     "generate",
     "get_kernels",
     "get_path",
+    "kernel_table",
     "measure_read_bandwidth",
     "paired_share",
     "path_for",

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from utils import provenance, settings
+from utils.errors import first_line
 from utils.log import get_logger
 
 __all__ = ["Library", "get_library", "kernel_cache_dir", "unsupported_reason"]
@@ -314,8 +315,7 @@ def _library_for(cache_dir: str, testing: bool) -> Library | None:
         try:
             return build_and_load(Path(cache_dir), testing)
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-            lines = str(exc).strip().splitlines()
-            reason = lines[0][:200] if lines else type(exc).__name__
+            reason = first_line(exc, 200)
     _log.warning("using torch's matmul instead of the C kernels (%s)", reason)
     return None
 
