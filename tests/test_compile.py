@@ -3,12 +3,16 @@ to eager mode when compiling fails, and notebook 06's listings."""
 
 import ast
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.tiny import tiny_config
+from utils import compile as compile_module
 from utils.compile import (
     BOOK_SETTING_MIN_TORCH,
     CompileResult,
@@ -16,10 +20,12 @@ from utils.compile import (
     book_compile,
     compile_hint,
     compiler_works,
-    torch_version,
+    separate_inductor_cache,
     try_compile,
 )
+from utils.device import torch_version
 
+REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = (
     Path(__file__).resolve().parents[1]
     / "ch02"
@@ -129,7 +135,8 @@ def test_compiler_works_reports_a_broken_toolchain(monkeypatch, capsys):
 
     monkeypatch.setattr(torch, "compile", broken_compile)
     assert compiler_works("cpu") is False
-    assert "python3-dev" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert "python3-dev" in out.err and out.out == ""
     monkeypatch.setattr(torch, "compile", lambda m, **kw: m)
     assert compiler_works("cpu", quiet=True) is True
 
@@ -215,8 +222,9 @@ def test_backend_failure_falls_back_to_eager(capsys):
     assert "python3-dev" in result.hint
     # The warm-up ran once compiled (and failed), then once in eager mode
     assert len(calls) == 2 and calls[-1] is model
-    out = capsys.readouterr().out
-    assert "torch.compile failed" in out and "eager" in out
+    captured = capsys.readouterr()
+    out = captured.err  # diagnostics: stderr, never the reader's stdout
+    assert captured.out == "" and "torch.compile failed" in out and "eager" in out
     model_out, compiled = result  # tuple-style unpacking
     assert model_out is model and compiled is False
 
@@ -230,7 +238,7 @@ def test_monkeypatched_compile_failure_is_quiet_when_asked(monkeypatch, capsys):
     result = try_compile(model, lambda m: m(x), quiet=True)
     assert isinstance(result, CompileResult)
     assert not result.compiled and result.model is model
-    assert capsys.readouterr().out == ""
+    assert capsys.readouterr() == ("", "")
 
 
 def test_error_unrelated_to_compiling_is_raised():
@@ -261,3 +269,59 @@ def test_bad_arguments_have_clear_errors():
         try_compile(lambda x: x, lambda m: None)
     with pytest.raises(ValueError, match="warmup"):
         try_compile(_Tiny(), None)
+
+
+def test_inductor_code_is_kept_apart_per_cpu_capability(monkeypatch, tmp_path):
+    """Unset, or set to inductor's own default (importing inductor writes it
+    into the variable), the cache becomes one subfolder per capability; a
+    folder the reader chose is left alone."""
+    monkeypatch.setattr(compile_module, "_default_inductor_dir", lambda: str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    native = separate_inductor_cache()
+    assert native == str(tmp_path / "capability-native")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "AVX2")
+    assert separate_inductor_cache() == str(tmp_path / "capability-avx2")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "capability-avx2")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # the default
+    assert separate_inductor_cache() == str(tmp_path / "capability-avx2")
+    mine = tmp_path / "mine"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(mine))
+    assert separate_inductor_cache() == str(mine)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(mine)
+
+
+COMPILE_AND_RUN = """
+import torch
+from utils.compile import book_compile
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU())
+x = torch.randn(4, 64)
+with torch.no_grad():
+    print(float(book_compile(model)(x).sum()))
+"""
+
+
+@pytest.mark.slow  # four processes, each compiling with inductor
+def test_compiling_under_one_capability_then_another_shares_no_code(tmp_path):
+    """A reader's process compiling under ATEN_CPU_CAPABILITY=avx2 after one
+    that compiled under the default (and the other way round) gets its own
+    cache folder, so neither loads the other's code (which crashed torch
+    2.10 with SIGBUS on AVX-512 machines)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY")}  # fmt: skip
+    env["TMPDIR"] = str(tmp_path)  # inductor's default cache lands in here
+    runs = []
+    for capability in ("", "avx2", "avx2", ""):
+        run_env = dict(
+            env, **({"ATEN_CPU_CAPABILITY": capability} if capability else {})
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", COMPILE_AND_RUN], env=run_env, cwd=REPO,
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert proc.returncode == 0, (capability, proc.returncode, proc.stderr[-800:])
+        runs.append(float(proc.stdout.split()[-1]))
+    assert runs[0] == pytest.approx(runs[1], rel=1e-5)
+    folders = sorted(p.name for p in tmp_path.glob("torchinductor_*/capability-*"))
+    assert folders == ["capability-avx2", "capability-native"]
