@@ -32,7 +32,7 @@ def _kind(path: Path, flag: str) -> str:
     naming what else it is."""
     try:
         here = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # a new name
         return "file"
     if stat.S_ISLNK(here.st_mode):
         target = os.path.realpath(path)
