@@ -16,6 +16,7 @@ import argparse
 import difflib
 import inspect
 import os
+import re
 import select
 import sys
 from collections.abc import Callable, Sequence
@@ -30,6 +31,7 @@ STANDIN_HELP = (
 # What a shell reports for a process that SIGPIPE ended (128 + 13): the
 # status `yes | head -1` gives its first command under `set -o pipefail`.
 BROKEN_PIPE_STATUS = 141
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # as argparse reads one
 
 
 class UsageError(Exception):
@@ -142,7 +144,7 @@ class CommandParser(argparse.ArgumentParser):
             return False
         if name in self._option_string_actions:
             return False
-        if self._negative_number_matcher.match(token):
+        if _NEGATIVE_NUMBER.match(token):
             return False  # a negative number is a value
         if token[1] not in self.prefix_chars:  # -X...: a short option + value
             return token[:2] not in self._option_string_actions
@@ -154,14 +156,16 @@ class CommandParser(argparse.ArgumentParser):
 
 def _stdout_reader_gone() -> bool:
     """Whether the BrokenPipeError came from stdout: its pipe has no reader
-    left (poll says POLLERR). True where that cannot be asked (no poll, no
-    real stdout), since stdout is where the commands write most."""
+    left (poll says POLLERR on Linux, POLLHUP on the BSDs and macOS). True
+    where that cannot be asked (no poll, no real stdout), since stdout is
+    where the commands write most."""
     try:
         poller = select.poll()
         poller.register(sys.stdout.fileno(), select.POLLOUT)
     except (AttributeError, OSError, ValueError):
         return True
-    return any(events & select.POLLERR for _, events in poller.poll(0))
+    gone = select.POLLERR | select.POLLHUP
+    return any(events & gone for _, events in poller.poll(0))
 
 
 def _silence_stdout() -> None:
