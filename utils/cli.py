@@ -219,14 +219,15 @@ def _fast_from_checkpoint(args: argparse.Namespace, path: Path, device: Any) -> 
     from utils.streaming import INT8_NOTE
 
     fast = FastQwen3.from_checkpoint(path, int8=args.int8)
-    log = get_logger(LOG_NAME)
     if args.int8:
-        log.info(INT8_NOTE)
+        get_logger(LOG_NAME).info(INT8_NOTE)
     if fast.device != device:
         fast = fast.to(device)
     if not args.compile and device.type == "cpu" and fast.use_native_step():
         kernel = fast.decode_step.choice.summary()
-        log.info(f"fast path: native decode step (one C call per token), {kernel}")
+        get_logger(LOG_NAME).info(
+            f"fast path: native decode step (one C call per token), {kernel}"
+        )
     return fast
 
 
