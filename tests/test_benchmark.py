@@ -174,11 +174,11 @@ def test_hf_static_without_transformers_is_skipped_in_one_line(monkeypatch, caps
     assert [r["mode"] for r in rows] == ["kv_cache"]
     captured = capsys.readouterr()
     skipped = [line for line in captured.err.splitlines() if "hf_static" in line]
-    assert skipped == [
-        "[benchmark] hf_static: skipped, transformers is not installed "
+    assert skipped == [  # through the utils logger
+        "utils.benchmark: hf_static: skipped, transformers is not installed "
         "(pip install transformers)"
     ]
-    assert "[benchmark] kv_cache: warm-up" in captured.err  # the progress bar
+    assert "utils.benchmark: kv_cache: warm-up" in captured.err  # the progress
     table = benchmark.format_table(rows)
     assert "| kv_cache |" in table and "hf_static" not in table
 
@@ -477,7 +477,7 @@ def test_unwritable_output_path_fails_before_any_mode_runs(
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     for bad, why in (
-        (blocker / "out.json", "is a file, not a folder"),
+        (blocker / "out.png", "is a file, not a folder"),
         (tmp_path, "is a folder"),
     ):
         assert benchmark.main([flag, str(bad)]) == 2
@@ -487,7 +487,7 @@ def test_unwritable_output_path_fails_before_any_mode_runs(
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
     if not os.access(locked, os.W_OK):  # (root may write anywhere)
-        assert benchmark.main([flag, str(locked / "r.json")]) == 2
+        assert benchmark.main([flag, str(locked / "r.png")]) == 2
         assert "cannot write into" in capsys.readouterr().err
 
 
@@ -611,3 +611,138 @@ def test_run_benchmark_makes_the_loaded_model_resident(monkeypatch):
     monkeypatch.setattr(benchmark, "make_resident", seen.append)
     tiny_run(["kv_cache"])
     assert len(seen) == 1 and hasattr(seen[0], "trf_blocks")
+
+
+# ---------------------------------------------------------------------------
+# Output paths: checked before the first mode, devices written through,
+# links never replaced, regular files replaced whole
+# ---------------------------------------------------------------------------
+
+
+def test_a_plot_format_matplotlib_lacks_fails_before_anything(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(benchmark, "run_benchmark", _no_run)
+    args = ["--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "out.xyz")]
+    assert benchmark.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--plot" in err[0] and "cannot write .xyz" in err[0]
+    assert ".png" in err[0] and ".svg" in err[0]  # what it can write
+    assert list(tmp_path.iterdir()) == []  # no JSON, no probe left
+
+
+def test_a_folder_the_permission_bits_allow_is_probed_for_real(monkeypatch, capsys):
+    """In /proc the permission bits say "writable" to root, yet no file can
+    be made there: the check makes one (here os.access says yes to all)."""
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("needs Linux's /proc")
+    monkeypatch.setattr(benchmark, "run_benchmark", _no_run)
+    monkeypatch.setattr(os, "access", lambda *a, **k: True)
+    assert benchmark.main(["--json", "/proc/qwen3-results.json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--json" in err[0], err
+    assert "cannot write into /proc" in err[0]
+
+
+def test_a_link_to_a_regular_file_is_refused_before_any_mode(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(benchmark, "run_benchmark", _no_run)
+    target = tmp_path / "keep.json"
+    target.write_text("mine")
+    link = tmp_path / "r.json"
+    link.symlink_to(target)
+    assert benchmark.main(["--json", str(link)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "symbolic link" in err[0] and "--json" in err[0]
+    assert link.is_symlink() and target.read_text() == "mine"
+
+
+@pytest.mark.parametrize("flag", ["--json", "--csv", "--plot"])
+def test_a_link_to_a_character_device_is_written_through(
+    flag, rows, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(benchmark, "run_benchmark", lambda **kw: rows)
+    link = tmp_path / "out.png"
+    link.symlink_to(os.devnull)
+    assert benchmark.main([flag, str(link)]) == 0
+    assert link.is_symlink() and os.readlink(link) == os.devnull
+    assert Path(os.devnull).is_char_device()
+
+
+def test_a_fifo_gets_the_rows_and_stays_a_fifo(rows, tmp_path, monkeypatch):
+    import stat
+    import threading
+
+    fifo = tmp_path / "rows"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    monkeypatch.setattr(benchmark, "run_benchmark", lambda **kw: rows)
+    assert benchmark.main(["--json", str(fifo)]) == 0
+    reader.join(timeout=30)
+    assert [r["mode"] for r in json.loads(got[0])] == MODES
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+@pytest.mark.parametrize("flag", ["--json", "--csv", "--plot"])
+def test_a_regular_file_is_replaced_whole_not_rewritten(
+    flag, rows, tmp_path, monkeypatch
+):
+    """A hard link to the old file keeps the old bytes: the new file came
+    in by a rename (a reader of the old one never sees half a file)."""
+    monkeypatch.setattr(benchmark, "run_benchmark", lambda **kw: rows)
+    path = tmp_path / "out.png"
+    path.write_text("old")
+    os.link(path, tmp_path / "old-link")
+    assert benchmark.main([flag, str(path)]) == 0
+    assert (tmp_path / "old-link").read_text() == "old"
+    assert path.stat().st_size > 100 and not path.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old-link", "out.png"]
+
+
+DRIVER = r"""
+import json, sys
+from utils import benchmark
+
+rows = json.load(open(sys.argv[1]))
+benchmark.run_benchmark = lambda **kw: rows
+sys.exit(benchmark.main(sys.argv[2:]))
+"""
+
+
+def test_json_to_a_link_to_stdout_goes_to_the_pipe(rows, tmp_path):
+    """`--json DIR/link` with link -> /dev/stdout -> /proc/self/fd/1 (a
+    pipe here): the rows are written through and the link stays."""
+    if not os.path.exists("/proc/self/fd/1"):
+        pytest.skip("needs /proc/self/fd")
+    saved = benchmark.write_json(rows, tmp_path / "rows.json")
+    link = tmp_path / "link"
+    link.symlink_to(
+        "/dev/stdout" if os.path.islink("/dev/stdout") else "/proc/self/fd/1"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(saved), "--json", str(link)],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.endswith(saved.read_text())  # after the table
+    assert "| kv_cache |" in proc.stdout and link.is_symlink()
+
+
+def test_a_prompt_that_is_not_utf8_is_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(benchmark, "run_benchmark", _no_run)
+    with pytest.raises(SystemExit) as info:
+        benchmark.main(["--prompt", "caf\udce9"])  # the byte 0xe9 of Latin-1
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "argument --prompt: not UTF-8" in err[0]
+
+
+def test_an_abbreviated_option_is_named_not_guessed(monkeypatch, capsys):
+    monkeypatch.setattr(benchmark, "run_benchmark", _no_run)
+    with pytest.raises(SystemExit):
+        benchmark.main(["--max-new", "5"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --max-new (did you mean --max-new-tokens?)" in err

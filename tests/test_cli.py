@@ -494,7 +494,8 @@ def fake_load(args, kind, **kw):
     return cli.Loaded(tok, model, torch.device("cpu"), GreedyStreamer(model), True)
 
 cli.load = fake_load
-sys.exit(cli.chat_main(sys.argv[2:]))
+main = {"chat": cli.chat_main, "generate": cli.generate_main}[sys.argv[2]]
+sys.exit(main(sys.argv[3:]))
 """
 
 
@@ -508,6 +509,7 @@ def test_chat_skips_a_line_that_is_not_utf8(env, tiny):
             "-c",
             DRIVER,
             str(tok_path),
+            "chat",
             "--max-new-tokens",
             "2",
         ],
@@ -593,7 +595,7 @@ def test_answer_redirected_to_a_file_holds_only_the_answer(
         )
     assert proc.returncode == 0, proc.stderr
     text = answer.read_text()
-    for noise in ("Time:", "tokens/sec", "Peak process memory", "STAND-IN", "Loading"):
+    for noise in ("Time:", "tokens/sec", "Peak process memory", "STAND-IN", "loading"):
         assert noise not in text, noise
         assert noise in proc.stderr, noise
     assert text.endswith("\n") and text.strip()
@@ -741,3 +743,177 @@ def test_a_pickled_program_in_the_checkpoint_is_one_plain_line(
     assert rc == 2 and len(lines) == 1, err
     assert "\x1b[" not in err and "This file can still be loaded" not in err
     assert "refuses to run them" in lines[0] and "delete it" in lines[0]
+
+
+# --------------------------------------------------------------------------
+# Options a reader mistypes, streams a shell closes, threads
+# --------------------------------------------------------------------------
+
+
+def usage_error(main, argv, capsys) -> str:
+    """The one line a usage error prints (exit status 2)."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "wanted"),
+    [
+        (cli.generate_main, ["--promt", "hi"], "--promt (did you mean --prompt?)"),
+        (cli.generate_main, ["--prompt", "hi", "--max-new", "3"],
+         "--max-new (did you mean --max-new-tokens?)"),
+        (cli.chat_main, ["--thinkk"], "--thinkk (did you mean --think?)"),
+        (cli.chat_main, ["--threads=2", "--zzz"], "unrecognized arguments: --zzz"),
+    ],
+)  # fmt: skip
+def test_a_mistyped_option_is_named_before_a_missing_one(main, argv, wanted, capsys):
+    line = usage_error(main, argv, capsys)
+    assert wanted in line and "required" not in line, line
+
+
+def test_import_qwen3_names_a_mistyped_option_and_shows_no_none_default(capsys):
+    from utils import hf_interop
+
+    line = usage_error(
+        hf_interop.main, ["import-qwen3", "folder", "--knd", "base"], capsys
+    )
+    assert "--knd (did you mean --kind?)" in line
+    parser = hf_interop.build_parser()
+    sub = next(a for a in parser._actions if a.choices)  # the subcommands
+    text = sub.choices["import-qwen3"].format_help()
+    assert "(default: None)" not in text and "(default: qwen3)" in text
+
+
+def test_help_shows_defaults_only_where_there_is_one():
+    text = " ".join(cli.generate_parser().format_help().split())
+    assert "(default: None)" not in text
+    assert "the text to continue (default" not in text  # --prompt is required
+    assert "most tokens to generate per answer (default: 100)" in text
+
+
+def test_a_prompt_that_is_not_utf8_names_the_argument(tiny_cli, capsys):
+    # "\udcff": how Python keeps the byte 0xff of a non-UTF-8 argument
+    line = usage_error(cli.generate_main, ["--prompt", "ab\udcffcd"], capsys)
+    assert line.startswith("qwen3-generate: error: argument --prompt: not UTF-8")
+    assert "b'\\xff' at byte 2" in line and "UTF-8" in line
+
+
+def test_a_non_utf8_prompt_in_a_real_process(env, tmp_path):
+    missing = str(tmp_path / "absent")  # never loaded: the check comes first
+    proc = subprocess.run(
+        [sys.executable, "-m", "utils.cli", "generate", "--prompt", b"caf\xe9",
+         "--model-file", missing, "--tokenizer-file", missing],
+        capture_output=True, env={**env, "LC_ALL": "C.UTF-8"}, timeout=300,
+        cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "Traceback" not in err
+    assert err.count("\n") == 1 and "argument --prompt: not UTF-8" in err, err
+
+
+@pytest.mark.parametrize(
+    ("command", "redirect", "stream"),
+    [
+        ("generate", ">&-", "stdout"),
+        ("chat", "<&-", "stdin"),
+        ("chat", ">&-", "stdout"),
+    ],
+)
+def test_a_closed_stream_is_named_in_one_line(env, tmp_path, command, redirect, stream):
+    missing = str(tmp_path / "absent")  # never loaded: the check comes first
+    args = [command, "--model-file", missing, "--tokenizer-file", missing]
+    if command == "generate":
+        args += ["--prompt", "hi"]
+    proc = subprocess.run(
+        ["sh", "-c", f'exec "$@" {redirect}', "sh", sys.executable, "-m",
+         "utils.cli", *args],
+        stdin=subprocess.DEVNULL if redirect != "<&-" else None,
+        capture_output=True, text=True, env=env, timeout=300,
+        cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert_one_line_error(proc, f"qwen3-{command}", f"{stream} is closed")
+    assert proc.returncode == 2
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_a_reader_that_leaves_early_ends_the_command_quietly(env, tiny, command):
+    """`qwen3-generate ... | head -c 10`: the pipe's reader is gone before
+    the answer is written (closed here at once, so it is certain)."""
+    _, _, tok_path = tiny
+    args = [sys.executable, "-c", DRIVER, str(tok_path), command,
+            "--max-new-tokens", "20"]  # fmt: skip
+    if command == "generate":
+        args += ["--prompt", PROMPT]
+    proc = subprocess.Popen(
+        args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=env, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    proc.stdout.close()  # the reader leaves before the first byte
+    _, err = proc.communicate(b"hello\n", timeout=300)
+    err = err.decode()
+    assert proc.returncode == 141, err  # what a shell shows for SIGPIPE
+    assert "error" not in err and "Traceback" not in err
+    assert "BrokenPipe" not in err and "Exception ignored" not in err
+
+
+def test_a_broken_pipe_elsewhere_is_still_an_error(capfd):
+    from utils.errors import run_command
+
+    def body() -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    # stdout here is a file that still takes bytes: not the reader leaving
+    assert run_command("prog", body) == 1
+    assert capfd.readouterr().err.startswith("prog: error: BrokenPipeError")
+
+
+@pytest.fixture
+def threads_back():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_threads_sets_torchs_thread_count_before_loading(
+    tiny_cli, monkeypatch, capsys, threads_back
+):
+    seen = []
+    load = cli.load
+
+    def counting_load(args, kind, **kw):
+        seen.append(torch.get_num_threads())
+        return load(args, kind, **kw)
+
+    monkeypatch.setattr(cli, "load", counting_load)
+    torch.set_num_threads(2)
+    args = ["--prompt", "hi", "--max-new-tokens", "2", "--threads", "1"]
+    assert cli.generate_main(args) == 0
+    rc, _, _ = chat_in_process(monkeypatch, capsys, "", "--threads", "1")
+    assert rc == 0 and seen == [1, 1]
+    line = usage_error(cli.generate_main, ["--prompt", "hi", "--threads", "0"], capsys)
+    assert "--threads" in line and "positive" in line
+
+
+def test_progress_goes_through_the_utils_logger(tmp_path, capsys, tmp_path_factory):
+    import logging
+
+    tok, _ = standin_files(tmp_path_factory, "base", tokenizer_only=True)
+    model_file = tmp_path / "qwen3-0.6B-base.pth"
+    torch.save({"tok_emb.weight": torch.zeros(2, 2)}, model_file)
+    args = ["--prompt", "hi", "--device", "cpu", "--model-file", str(model_file),
+            "--tokenizer-file", str(tok)]  # fmt: skip
+    assert cli.generate_main(args) == 2  # after "loading ...": not the weights
+    assert f"utils.cli: loading {model_file} ...\n" in capsys.readouterr().err
+    logger = logging.getLogger("utils")
+    level = logger.level
+    try:
+        logger.setLevel(logging.WARNING)  # how a reader quiets the progress
+        assert cli.generate_main(args) == 2
+    finally:
+        logger.setLevel(level)
+    err = capsys.readouterr().err
+    assert "loading" not in err and "could not load the model weights" in err

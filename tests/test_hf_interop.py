@@ -608,3 +608,106 @@ def test_import_tying_problem_is_said_in_command_terms(tmp_path, capsys):
     out.parent.mkdir()
     _import_fails_with_one_line(capsys, src, out, "download it again")
     assert "tie_word_embeddings=True" not in capsys.readouterr().err
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every entry of `folder` (hidden ones too): bytes and mtime."""
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.iterdir()}
+
+
+def _small_vocabulary(src: Path) -> Path:
+    """Make `src`'s tokenizer.json keep Qwen3's added tokens but hold a
+    2-entry vocabulary (what the book's content check refuses)."""
+    path = src / "tokenizer.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["model"]["vocab"] = {"a": 0, "b": 1}
+    path.unlink()  # a new file: this one may be a link to the stand-in cache
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def test_a_failed_import_leaves_a_verified_pair_as_it_was(
+    tmp_path, capsys, monkeypatch
+):
+    from reasoning_from_scratch import qwen3
+
+    from utils import provenance
+    from utils.provenance import is_verified
+
+    monkeypatch.setattr(provenance, "MODEL_CONFIG", TINY)  # content check: tiny
+    out = tmp_path / "qwen3"
+    files = hf_interop.import_qwen3(official_folder(tmp_path / "src"), "base", out,
+                                    require_06b=False)  # fmt: skip
+    before = _snapshot(out)
+    bad = _small_vocabulary(official_folder(tmp_path / "src2", seed=99))
+    # the command takes Qwen3-0.6B only; here "0.6B" is the tiny config
+    monkeypatch.setattr(qwen3, "QWEN_CONFIG_06_B", {**TINY, "dtype": torch.bfloat16})
+    capsys.readouterr()
+    rc = hf_interop.main(["import-qwen3", str(bad.parent), "--kind", "base",
+                          "--out-dir", str(out)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"{bad} is not the Qwen3 tokenizer (vocabulary has 2 entries" in err
+    assert _snapshot(out) == before  # same files, bytes and times
+    assert all(is_verified(p) for p in files)
+
+
+@pytest.mark.parametrize("there", ["absent", "empty"])
+def test_a_failed_import_into_a_new_folder_leaves_it_as_it_was(
+    tmp_path, monkeypatch, there
+):
+    from utils import provenance
+
+    monkeypatch.setattr(provenance, "MODEL_CONFIG", TINY)
+    bad = _small_vocabulary(official_folder(tmp_path / "src"))
+    out = tmp_path / "dest" / "qwen3"
+    if there == "empty":
+        out.mkdir(parents=True)
+    with pytest.raises(ValueError, match="vocabulary has 2 entries"):
+        hf_interop.import_qwen3(bad.parent, "base", out, require_06b=False)
+    if there == "empty":
+        assert list(out.iterdir()) == []
+    else:
+        assert not (tmp_path / "dest").exists()
+
+
+def test_an_import_failing_while_placing_puts_the_old_files_back(tmp_path, monkeypatch):
+    from utils import provenance
+    from utils.provenance import is_verified
+
+    monkeypatch.setattr(provenance, "MODEL_CONFIG", TINY)
+    out = tmp_path / "qwen3"
+    files = hf_interop.import_qwen3(official_folder(tmp_path / "src"), "base", out,
+                                    require_06b=False)  # fmt: skip
+    (out / "notes.txt").write_text("the reader's own file")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    write_record = provenance.write_record
+    calls = []
+
+    def failing_second_record(path, info):
+        calls.append(path)
+        if len(calls) == 2:  # the weights are in place, the tokenizer not yet
+            raise OSError("disk full")
+        write_record(path, info)
+
+    monkeypatch.setattr(provenance, "write_record", failing_second_record)
+    with pytest.raises(OSError, match="disk full"):
+        hf_interop.import_qwen3(official_folder(tmp_path / "src2", seed=99), "base",
+                                out, require_06b=False)  # fmt: skip
+    monkeypatch.setattr(provenance, "write_record", write_record)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert all(is_verified(p) for p in files)  # (checked again: renamed back)
+
+
+def test_export_replaces_a_link_not_its_target(tmp_path):
+    """The exported folder takes the place of a link named as out_dir; the
+    folder the link pointed at keeps its files."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("mine")
+    link = tmp_path / "hf"
+    link.symlink_to(elsewhere)
+    export_hf_folder(tied_standin(10), TINY, link, overwrite=True, **NO_IDS)
+    assert not link.is_symlink() and (link / "model.safetensors").is_file()
+    assert [p.name for p in elsewhere.iterdir()] == ["keep.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "hf"]

@@ -46,8 +46,17 @@ from typing import Any
 import torch
 
 from utils.device import synchronize
-from utils.errors import CommandParser, UsageError, run_command
-from utils.fileio import atomic_write_text
+from utils.errors import (
+    CommandParser,
+    UsageError,
+    require_streams,
+    run_command,
+    utf8_text,
+)
+from utils.log import get_logger
+from utils.outputs import check_output_path, plot_format, write_output
+
+LOG_NAME = "utils.benchmark"  # not __name__, which is "__main__" under python -m
 
 
 @dataclass(frozen=True)
@@ -144,11 +153,6 @@ def default_modes(device: torch.device) -> list[str]:
     if device.type == "cpu":
         return [m.name for m in MODES if m.by_default and not m.slow_on_cpu]
     return [m.name for m in MODES if m.by_default and not m.cpu_only]
-
-
-def _log(text: str) -> None:
-    """Progress and notes: stderr, so stdout holds only the results."""
-    print(text, file=sys.stderr, flush=True)
 
 
 class ModeSkipped(Exception):
@@ -273,7 +277,7 @@ class _Progress:
 
             self.bar = tqdm(total=total, desc=desc, unit="tok", leave=False)
         else:
-            _log(f"{desc} ...")
+            get_logger(LOG_NAME).info(f"{desc} ...")
 
     def update(self) -> None:
         self.count += 1
@@ -285,7 +289,9 @@ class _Progress:
             self.bar.close()
         else:
             took = time.perf_counter() - self.start
-            _log(f"{self.desc}: done, {self.count} tokens in {took:.1f} s")
+            get_logger(LOG_NAME).info(
+                f"{self.desc}: done, {self.count} tokens in {took:.1f} s"
+            )
 
 
 def _time_stream(
@@ -674,8 +680,8 @@ def _modes_for(dev: torch.device, modes: Sequence[str] | None, quiet: bool):
         return modes
     left_out = [m for m in SLOW_ON_CPU if m not in default_modes(dev)]
     if left_out and not quiet:
-        _log(
-            f"[benchmark] not running {', '.join(left_out)} on {dev.type}: "
+        get_logger(LOG_NAME).info(
+            f"not running {', '.join(left_out)} on {dev.type}: "
             "each takes many minutes at 100 tokens (ask with --modes all)"
         )
     return default_modes(dev)
@@ -710,7 +716,7 @@ class _Run:
 
         first = before = measure_read_bandwidth(self.dev, probe_bytes)
         self.log(
-            f"[benchmark] memory read speed ({self.dev.type}, torch.sum over "
+            f"memory read speed ({self.dev.type}, torch.sum over "
             f"{probe_bytes / 1024**3:.2f} GiB): {first / 1e9:.1f} GB/s"
         )
         rows = []
@@ -726,7 +732,7 @@ class _Run:
             before = after
             rows.append(row)
             self.log(
-                f"[benchmark] {name}: {row['tokens_per_sec']:.2f} tok/s, "
+                f"{name}: {row['tokens_per_sec']:.2f} tok/s, "
                 f"weights read at {row['weight_read_gbps']:.1f} GB/s (read "
                 f"speed around it {row['machine_read_gbps']:.1f} GB/s; "
                 f"{_num(row['bandwidth_share_paired'], '.0%')} of torch.sum "
@@ -740,10 +746,10 @@ class _Run:
 
     def log(self, text: str) -> None:
         if not self.quiet:
-            _log(text)
+            get_logger(LOG_NAME).info(text)
 
     def progress(self, mode: Mode, what: str) -> str | None:
-        return None if self.quiet else f"[benchmark] {mode.name}: {what}"
+        return None if self.quiet else f"{mode.name}: {what}"
 
     def mode(self, mode: Mode) -> dict[str, Any] | None:
         """One row for `mode`, or None (after one line) if it is skipped."""
@@ -756,7 +762,7 @@ class _Run:
             try:
                 prep = _PREPARE[mode.family](mode, self.book, self.token_ids, self.n)
             except ModeSkipped as exc:
-                _log(f"[benchmark] {mode.name}: skipped, {exc}")
+                get_logger(LOG_NAME).info(f"{mode.name}: skipped, {exc}")
                 return None
             prepare_s = time.perf_counter() - t0
             warm, cached, runs = self.timed(mode, prep)
@@ -1012,12 +1018,14 @@ def describe_bandwidth(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def write_json(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
-    """Write the rows as a JSON list (atomically)."""
-    return atomic_write_text(path, json.dumps(list(rows), indent=2) + "\n")
+    """Write the rows as a JSON list (a regular file atomically, a device or
+    FIFO such as /dev/stdout through; `utils.outputs.write_output`)."""
+    text = json.dumps(list(rows), indent=2) + "\n"
+    return write_output(path, text.encode("utf-8"), "--json")
 
 
 def write_csv(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
-    """Write the rows as CSV with a header line (atomically)."""
+    """Write the rows as CSV with a header line (as `write_json` does)."""
     import io
 
     fields = list(ROW_FIELDS) + sorted({k for r in rows for k in r} - set(ROW_FIELDS))
@@ -1025,14 +1033,15 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Pat
     writer = csv.DictWriter(buf, fieldnames=fields)
     writer.writeheader()
     writer.writerows(rows)
-    return atomic_write_text(path, buf.getvalue())
+    return write_output(path, buf.getvalue().encode("utf-8"), "--csv")
 
 
 def plot_results(
     rows: Sequence[Mapping[str, Any]], path: str | os.PathLike | None = None
 ):
-    """Bar chart of decode tokens/sec per mode; saved to `path` if given.
-    Returns the matplotlib Figure."""
+    """Bar chart of decode tokens/sec per mode; saved to `path` if given, in
+    the format its suffix names (as `write_json` writes). Returns the
+    matplotlib Figure."""
     import matplotlib
 
     if path is not None and "matplotlib.pyplot" not in sys.modules:
@@ -1050,9 +1059,11 @@ def plot_results(
     ax.tick_params(axis="x", labelrotation=30)
     fig.tight_layout()
     if path is not None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
+        import io
+
+        image = io.BytesIO()
+        fig.savefig(image, format=plot_format(path), dpi=120)
+        write_output(path, image.getvalue(), "--plot")
     return fig
 
 
@@ -1086,12 +1097,19 @@ def build_parser() -> CommandParser:
         help=f"comma-separated subset of: {', '.join(ALL_MODES)}; or all "
         "(default: all but regular and regular_compiled on a CPU)",
     )
-    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the text to continue")
+    p.add_argument(
+        "--prompt", default=DEFAULT_PROMPT, type=utf8_text, help="the text to continue"
+    )
     p.add_argument("--model-path", default=None, help="a book .pth file")
     p.add_argument("--out-dir", default="qwen3", help="download folder")
-    p.add_argument("--json", default=None, metavar="PATH", help="write the rows")
-    p.add_argument("--csv", default=None, metavar="PATH", help="write the rows")
-    p.add_argument("--plot", default=None, metavar="PATH", help="bar chart (PNG)")
+    p.add_argument(
+        "--json", metavar="PATH", help="write the rows (a file, or /dev/stdout)"
+    )
+    p.add_argument("--csv", metavar="PATH", help="write the rows as CSV")
+    p.add_argument(
+        "--plot", metavar="PATH", help="bar chart, in the format the name ends "
+        "in (.png, .svg, .pdf, ...; PNG without one)"
+    )  # fmt: skip
     p.add_argument(
         "--threads",
         type=int,
@@ -1108,22 +1126,6 @@ def build_parser() -> CommandParser:
     return p
 
 
-def check_output_path(path: str | os.PathLike, flag: str) -> Path:
-    """Raise ValueError unless `path` can be written (checked before minutes
-    of work): not a folder, under no regular file, in a writable folder."""
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{flag} {path} is a folder; give a file name")
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ValueError(f"{flag} {path}: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {path}: cannot write into {parent}")
-    return path
-
-
 def _check_cli(args) -> list[str] | None:
     """The modes asked for; every argument checked before any work."""
     modes = None
@@ -1135,6 +1137,8 @@ def _check_cli(args) -> list[str] | None:
         raise ValueError("--repeats must be at least 1")
     if args.threads is not None and args.threads < 1:
         raise ValueError("--threads must be at least 1")
+    if args.plot:
+        plot_format(args.plot)
     for flag in ("json", "csv", "plot"):
         if getattr(args, flag):
             check_output_path(getattr(args, flag), f"--{flag}")
@@ -1144,6 +1148,7 @@ def _check_cli(args) -> list[str] | None:
 def _main(argv: Sequence[str] | None) -> int:
     from utils.download import DownloadError
 
+    require_streams("stdout")
     args = build_parser().parse_args(argv)
     try:
         modes = _check_cli(args)
@@ -1177,12 +1182,13 @@ def _report(rows: list[dict[str, Any]], args) -> None:
     kernels = describe_kernels(rows)
     if kernels:
         print(kernels)
+    log = get_logger(LOG_NAME)
     for path, writer in ((args.json, write_json), (args.csv, write_csv)):
         if path:
-            _log(f"wrote {writer(rows, path)}")
+            log.info(f"wrote {writer(rows, path)}")
     if args.plot:
         plot_results(rows, args.plot)
-        _log(f"wrote {args.plot}")
+        log.info(f"wrote {args.plot}")
     if rows and rows[0].get("standin"):
         from utils.standin import print_standin_banner
 

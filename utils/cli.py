@@ -8,8 +8,12 @@ stdout, so `qwen3-generate ... > answer.txt` keeps only the answer; progress,
 the stand-in banner and statistics go to stderr. Errors follow
 `utils.errors`: one `<prog>: error: ...` line on stderr (a failed download
 adds its list of sources and what to try), exit status 2 for what the user
-can fix, never a traceback. In the chat, a line that cannot be read or
-encoded is reported and skipped; the conversation goes on.
+can fix, never a traceback; a closed stdin or stdout is named up front, and
+a reader that stops early (`| head`) ends the command quietly. Progress and
+diagnostics go through the `utils` logger (stderr); the statistics and the
+chat's own lines are the command's output on stderr. In the chat, a line
+that cannot be read or encoded is reported and skipped; the conversation
+goes on.
 
     python -m utils.cli generate --prompt "Explain large language models."
     python -m utils.cli chat --think
@@ -25,9 +29,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from utils.errors import CommandParser, UsageError, first_line, run_command
+from utils.errors import (
+    CommandParser,
+    UsageError,
+    first_line,
+    require_streams,
+    run_command,
+    utf8_text,
+)
+from utils.log import get_logger
 from utils.qwen3_tokenizer import IM_END_ID
 
+LOG_NAME = "utils.cli"  # not __name__, which is "__main__" under python -m
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 EMPTY_THINK = "<think>\n\n</think>\n\n"
 
@@ -88,10 +101,27 @@ def _add_common(p: argparse.ArgumentParser, default_tokens: int) -> None:
     )
     p.add_argument("--model-file", type=Path, help="use this .pth file directly")
     p.add_argument("--tokenizer-file", type=Path, help="use this tokenizer .json")
+    p.add_argument(
+        "--threads",
+        type=_positive_int,
+        help="CPU threads for torch and the native decode step (default: "
+        "torch's choice, one per core); fewer, even 1, can be faster on a "
+        "machine busy with other work",
+    )
 
 
-def _status(*parts: Any) -> None:
-    print(*parts, file=sys.stderr, flush=True)
+def _say(text: str) -> None:
+    """The command's own lines on stderr (statistics, the chat's replies to
+    its commands): output for the reader, not diagnostics."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def _set_threads(threads: int | None) -> None:
+    """torch's CPU thread count (the native decode step uses the same)."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 # --------------------------------------------------------------------------
@@ -199,7 +229,7 @@ def load(args: argparse.Namespace, kind: str, **tokenizer_kwargs: Any) -> Loaded
             f"could not read the tokenizer file {tok_path} ({first_line(exc)}); "
             "delete it and run again to download it again."
         ) from None
-    _status(f"Loading {model_path} ...")
+    get_logger(LOG_NAME).info(f"loading {model_path} ...")
     model = _load_model(args, model_path, device)
     # with --fast the fast model takes the weights over (int8 frees bf16's)
     streamer = GreedyStreamer(model, int8=args.int8, adopt=args.fast)
@@ -217,7 +247,9 @@ def generate_parser() -> argparse.ArgumentParser:
         description="Generate text with Qwen3 0.6B (greedy), streaming it as it "
         "comes, then print time, tokens/sec and peak memory.",
     )
-    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument(
+        "--prompt", required=True, type=utf8_text, help="the text to continue"
+    )
     _add_common(p, default_tokens=100)
     p.add_argument(
         "--reasoning",
@@ -238,6 +270,7 @@ def generate_parser() -> argparse.ArgumentParser:
 
 
 def _generate(argv: Sequence[str] | None) -> int:
+    require_streams("stdout")
     args = generate_parser().parse_args(argv)
     if not args.prompt.strip():
         raise UsageError("the prompt is empty; pass some text with --prompt.")
@@ -251,21 +284,22 @@ def _generate(argv: Sequence[str] | None) -> int:
             add_generation_prompt=True,
             add_thinking=args.thinking,
         )
+    _set_threads(args.threads)
     run = load(args, kind, **tok_kwargs)
     try:
         prompt_ids = run.tokenizer.encode(args.prompt)
-    except Exception as exc:  # e.g. bytes that are not UTF-8 in the argument
+    except Exception as exc:  # the tokenizer's own limits
         raise UsageError(f"could not encode the prompt ({first_line(exc)}).") from None
     result = _stream_answer(args, run, prompt_ids)
     _write_stdout("\n")
     if result.interrupted:
-        _status("[stopped]")
+        get_logger(LOG_NAME).info("stopped (Ctrl-C): the answer is cut short")
     if result.stats:
         from utils.generation import stats_lines
 
-        _status("\n" + "\n".join(stats_lines(result.stats)))
+        _say("\n" + "\n".join(stats_lines(result.stats)))
     else:
-        _status("\nNo tokens generated (the model ended the text at once).")
+        _say("\nNo tokens generated (the model ended the text at once).")
     if args.print_ids:
         print("Token ids:", " ".join(map(str, result.token_ids)), flush=True)
     return 0
@@ -276,7 +310,7 @@ def _stream_answer(args: argparse.Namespace, run: Loaded, prompt_ids: list) -> A
     from utils.streaming import stream_generation
 
     if args.compile:
-        _status("Compiling: the first tokens take a while ...")
+        get_logger(LOG_NAME).info("compiling: the first tokens take a while ...")
     try:
         return stream_generation(
             run.streamer,
@@ -481,7 +515,9 @@ def _show_history(session: ChatSession, out: TextIO) -> None:
 
 
 def _chat(argv: Sequence[str] | None) -> int:
+    require_streams("stdin", "stdout")
     args = chat_parser().parse_args(argv)
+    _set_threads(args.threads)
     run = load(args, "reasoning")
     model_context = run.model.cfg["context_length"]
     context = args.context_length or model_context
@@ -500,16 +536,16 @@ def _chat(argv: Sequence[str] | None) -> int:
         compile=args.compile,
         fast=args.fast,
     )
-    _status(f"Qwen3 0.6B chat (thinking {'on' if session.thinking else 'off'}). ")
-    _status(CHAT_HELP)
+    _say(f"Qwen3 0.6B chat (thinking {'on' if session.thinking else 'off'}). ")
+    _say(CHAT_HELP)
     while True:
         try:
             line = _read_line(sys.stdin, "You: ")
         except KeyboardInterrupt:
-            _status("\n(Ctrl-D or /quit leaves)")
+            _say("\n(Ctrl-D or /quit leaves)")
             continue
         except BadLine as exc:
-            _status(f"qwen3-chat: {exc}")
+            _say(f"qwen3-chat: {exc}")
             continue
         if line is None or not _chat_line(session, line.strip()):
             return 0
@@ -523,17 +559,17 @@ def _chat_line(session: ChatSession, message: str) -> bool:
     if command in ("/quit", "/exit"):
         return False
     if command == "/help":
-        _status(CHAT_HELP)
+        _say(CHAT_HELP)
     elif command == "/clear":
         session.clear()
-        _status("[conversation cleared]")
+        _say("[conversation cleared]")
     elif command == "/history":
         _show_history(session, sys.stdout)
     elif command in ("/think", "/no_think"):
         session.thinking = command == "/think"
-        _status(f"[thinking {'on' if session.thinking else 'off'}]")
+        _say(f"[thinking {'on' if session.thinking else 'off'}]")
     elif message.startswith("/") and " " not in message:
-        _status(f"unknown command {message}; {CHAT_HELP}")
+        _say(f"unknown command {message}; {CHAT_HELP}")
     else:
         _answer(session, message)
     return True
@@ -546,15 +582,15 @@ def _answer(session: ChatSession, message: str) -> None:
         info = session.reply(message, _write_stdout)
     except UsageError as exc:
         _write_stdout("\n")
-        _status(f"qwen3-chat: {exc}")
+        _say(f"qwen3-chat: {exc}")
         return
     except KeyboardInterrupt:
         _write_stdout("\n")
-        _status("[stopped]")
+        _say("[stopped]")
         return
     _write_stdout("\n")
     note = f"; {info['stopped']}" if info["stopped"] else ""
-    _status(
+    _say(
         f"[prompt {info['prompt_tokens']} tokens, answer "
         f"{info['answer_tokens']} tokens, "
         f"{info['tokens_per_sec']:.1f} tokens/sec; conversation "

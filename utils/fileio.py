@@ -79,3 +79,45 @@ def atomic_move(src: str | os.PathLike, dest: str | os.PathLike) -> Path:
     os.chmod(src, 0o644)
     os.replace(src, dest)
     return dest
+
+
+@contextmanager
+def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a new temporary folder beside `path`; when the block ends
+    without an error it takes the place of `path` (what was there is
+    removed, or put back if that move fails), otherwise it is removed: a
+    failure leaves nothing behind."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)
+        _replace_folder(tmp, path)
+    finally:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _replace_folder(src: Path, dest: Path) -> None:
+    """Move the finished folder `src` to `dest`, replacing what is there
+    (moved aside first, deleted once `src` is in place)."""
+    if not os.path.lexists(dest):
+        os.replace(src, dest)
+        return
+    if dest.is_dir() and not dest.is_symlink() and not any(dest.iterdir()):
+        dest.rmdir()
+        os.replace(src, dest)
+        return
+    old = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.old."))
+    old.rmdir()
+    os.replace(dest, old)
+    try:
+        os.replace(src, dest)
+    except BaseException:
+        os.replace(old, dest)  # put the previous content back
+        raise
+    if old.is_dir() and not old.is_symlink():
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        old.unlink(missing_ok=True)
