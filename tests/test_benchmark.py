@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import utils.fast
 from tests.tiny import tiny_config
 from utils import benchmark
+from utils.fast import weight_bytes_per_token
 from utils.models import load_book_model
 from utils.standin import standin_state_dict
 
@@ -108,41 +110,6 @@ def test_optimized_mode_gives_the_book_models_tokens():
     want = [t.item() for t in generate_text_basic_stream_cache(book, PROMPT, 8)]
     got = [t.item() for t in benchmark._optimized_stream(opt, PROMPT, 8)()]
     assert got == want
-
-
-def test_int8_reads_fewer_weight_bytes():
-    from utils.fast import FastQwen3, quantize_int8
-
-    book = load_book_model(SD, "cpu", torch.bfloat16, TINY)
-    fast = FastQwen3.from_book_model(book)
-    bf16 = benchmark.weight_bytes_per_token(fast)
-    assert bf16 == _weight_bytes_by_hand() // 2
-    int8 = benchmark.weight_bytes_per_token(quantize_int8(fast))
-    # int8 weights plus their scales: a bit over half of bf16
-    assert 0.45 * bf16 < int8 < 0.6 * bf16
-
-
-def test_read_bandwidth_probe_is_plausible():
-    bps = benchmark.measure_read_bandwidth(torch.device("cpu"), 1 << 24, repeats=3)
-    assert 1e8 < bps < 1e13  # between 0.1 GB/s and 10 TB/s
-
-
-def test_the_sums_buffer_lies_on_2_mb_pages_where_linux_gives_them(monkeypatch):
-    """torch.sum's buffer (the memory-speed yardstick) on the same page size
-    as the native step's weights: 2 MB pages where huge pages are on, else
-    plain memory; ones either way, the size asked for (at least one)."""
-    import utils.fast.hugepages as hugepages
-
-    cpu = torch.device("cpu")
-    monkeypatch.setattr(hugepages, "huge_pages_enabled", lambda: True)
-    buf = benchmark.read_buffer(3 << 20, cpu)
-    assert buf.dtype == torch.float32 and buf.numel() == (3 << 20) // 4
-    assert buf.data_ptr() % hugepages.HUGE_PAGE == 0
-    assert bool((buf == 1).all())
-    monkeypatch.setattr(hugepages, "huge_pages_enabled", lambda: False)
-    plain = benchmark.read_buffer(3 << 20, cpu)
-    assert plain.numel() == buf.numel() and bool((plain == 1).all())
-    assert benchmark.read_buffer(0, cpu).numel() == 1
 
 
 def test_book_compiled_modes_use_the_books_setting(monkeypatch):
@@ -294,7 +261,7 @@ def test_shared_weight_bytes_counts_only_tensors_still_in_use():
     q = quantize_int8(FastQwen3.from_book_model(book))
     norms = sum(p.numel() * 2 for n, p in book.named_parameters() if p.dim() == 1)
     assert benchmark.shared_weight_bytes(q, book) == norms
-    assert benchmark.weight_bytes_per_token(q) < everything / 1.9
+    assert weight_bytes_per_token(q) < everything / 1.9
     # ... and the int8 tables and scales are its own, plus a cache once it
     # has one
     int8 = sum(b.numel() * b.element_size() for b in q.buffers() if b is not None)
@@ -367,7 +334,7 @@ def test_native_modes_are_skipped_in_one_line_where_they_cannot_run(capsys):
 
 def test_each_mode_is_compared_with_the_read_speed_around_it(monkeypatch):
     probes = iter([30e9, 20e9, 40e9])  # start, after mode 1, after mode 2
-    monkeypatch.setattr(benchmark, "measure_read_bandwidth", lambda *a: next(probes))
+    monkeypatch.setattr(utils.fast, "measure_read_bandwidth", lambda *a: next(probes))
     rows = tiny_run(["kv_cache", "fast"], max_new_tokens=5)
     # the larger of the probes just before and just after each mode
     assert [r["machine_read_gbps"] for r in rows] == [30.0, 40.0]
@@ -386,68 +353,8 @@ def test_each_mode_is_compared_with_the_read_speed_around_it(monkeypatch):
     assert moment in benchmark.describe_bandwidth(rows).splitlines()[1]
 
 
-def _fake_pairs(monkeypatch, pairs):
-    """time_beside_sum replaced: it still runs the step, then returns the
-    next (step seconds, sum seconds) of `pairs`; the buffer sizes seen."""
-    times, sizes = iter(pairs), []
-
-    def fake(step, buffer, device):
-        step()
-        sizes.append(buffer.numel())
-        return next(times)
-
-    monkeypatch.setattr(benchmark, "time_beside_sum", fake)
-    return sizes
-
-
-def test_paired_share_is_the_median_of_sum_over_step_per_decode_step(monkeypatch):
-    sizes = _fake_pairs(monkeypatch, [(2.0, 1.0), (1.0, 1.0), (4.0, 1.0), (9, 9)])
-    share, gbps = benchmark.paired_share(
-        lambda: iter(range(4)), 400, torch.device("cpu")
-    )
-    # token 0 is the prompt's and is not timed; tokens 1-3 give 0.5, 1, 0.25;
-    # the fourth round finds the stream's end and does not count
-    assert share == pytest.approx(0.5)
-    assert gbps == pytest.approx(400 / 1.0 / 1e9)  # the sums' median: 1 s
-    assert sizes == [100] * 4  # float32 over the step's 400 bytes
-
-
-def test_paired_share_stops_after_its_rounds_and_closes_the_stream(monkeypatch):
-    _fake_pairs(monkeypatch, [(1.0, 0.8)] * 5)
-    made, closed = [], []
-
-    def stream():
-        try:
-            for i in range(100):
-                made.append(i)
-                yield i
-        finally:
-            closed.append(True)
-
-    share, _ = benchmark.paired_share(stream, 8, torch.device("cpu"), rounds=5)
-    assert share == pytest.approx(0.8)
-    assert made == list(range(6)) and closed == [True]
-
-
-def test_paired_share_needs_three_steps(monkeypatch):
-    _fake_pairs(monkeypatch, [(1.0, 1.0)] * 3)
-    assert (
-        benchmark.paired_share(lambda: iter(range(3)), 8, torch.device("cpu")) is None
-    )
-
-
-def test_time_beside_sum_times_the_step_then_the_sum():
-    import time
-
-    buffer = torch.ones(1 << 20)
-    step_s, sum_s = benchmark.time_beside_sum(
-        lambda: time.sleep(0.05), buffer, torch.device("cpu")
-    )
-    assert step_s >= 0.05 and 0 < sum_s < 0.05
-
-
 def test_a_mode_without_a_token_stream_has_no_paired_share(monkeypatch):
-    monkeypatch.setattr(benchmark, "measure_read_bandwidth", lambda *a: 30e9)
+    monkeypatch.setattr(utils.fast, "measure_read_bandwidth", lambda *a: 30e9)
     stamps = benchmark._Prepared(lambda: [1.0, 2.0, 3.0], torch.nn.Linear(1, 1))
     stamps.timer = lambda stream, dev, **kw: {
         "ttft_s": 0.1,
@@ -567,28 +474,41 @@ def test_a_prompt_too_long_for_memory_is_refused_before_any_mode(monkeypatch):
         tiny_run(["kv_cache"], token_ids=long_prompt)
 
 
-def test_the_table_names_the_kernel_variant_each_native_mode_ran(monkeypatch, capsys):
+def test_the_table_names_the_kernels_each_native_mode_ran(monkeypatch, capsys):
     from utils.fast import get_kernels
 
     if get_kernels() is None:
         pytest.skip("the native step needs the x86-64 AVX2 kernels")
-    monkeypatch.setenv("QWEN3_KERNEL_VARIANTS", "bf16_exact_avx2_np")  # forced
+    monkeypatch.setenv("QWEN3_KERNEL_VARIANTS", "default")  # the AVX2 kernels
     modes = ["fast", "fast_native", "fast_native_int8"]
     rows = tiny_run(modes, dtype="bfloat16")
-    ran = {r["mode"]: r["kernel_variant"] for r in rows}
+    ran = {r["mode"]: r["kernels"] for r in rows}
     assert ran == {
         "fast": None,
-        "fast_native": "bf16_exact_avx2_np (forced)",
-        "fast_native_int8": "int8_avx2 (default)",
+        "fast_native": "bf16_exact_avx2",
+        "fast_native_int8": "int8_avx2",
     }
     monkeypatch.setattr(benchmark, "run_benchmark", lambda **kw: rows)
     assert benchmark.main(["--modes", ",".join(modes)]) == 0
     out = capsys.readouterr().out
     assert (
-        "Kernel variants the native modes ran: fast_native: bf16_exact_avx2_np "
-        "(forced); fast_native_int8: int8_avx2 (default)." in out
+        "Kernels the native modes ran: fast_native: bf16_exact_avx2; "
+        "fast_native_int8: int8_avx2." in out
     )
-    assert benchmark.describe_variants(rows[:1]) is None
+    assert benchmark.describe_kernels(rows[:1]) is None
+
+
+def test_the_fast_modes_are_the_registrys_paths():
+    """Every path of utils.fast's registry is a mode, with its summary;
+    the ones not in a default run are run only when named."""
+    from utils.fast import PATHS
+
+    for path in PATHS:
+        mode = benchmark.MODE_BY_NAME[path.name]
+        assert mode.family == "fast" and mode.note == path.summary
+        assert mode.int8 == path.int8 and mode.by_default == path.in_default_run
+    cpu = benchmark.default_modes(torch.device("cpu"))
+    assert "fast_native" in cpu and "fast_fastest" not in cpu
 
 
 def test_a_memory_mapped_model_is_made_resident_before_the_first_mode(tmp_path):

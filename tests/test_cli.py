@@ -310,7 +310,7 @@ def test_int8_flag_quantizes_the_fast_path_only(tiny_cli, capsys):
     rc = cli.generate_main([*args, "--fast", "--int8"])
     out, err = capsys.readouterr()
     assert rc == 0, err
-    assert "fast path: weight-only int8" in err
+    assert "fast_native_int8: weight-only int8" in err
     ids = [int(x) for x in out.rsplit("Token ids: ", 1)[1].split()]
     # the int8 fast model's own greedy tokens; the book model stays float
     fast = quantize_int8(FastQwen3.from_book_model(model))

@@ -190,31 +190,32 @@ def test_fast_compile_picks_the_faster_path_and_keeps_the_tokens(
     """fast + compile: the block is compiled, eager and compiled are timed
     once (pick_faster, with the generation's cache size) and the choice is
     said in one line; the tokens stay the eager fast path's."""
-    import utils.fast
+    import utils.fast.steps
 
     ids = tok.encode(PROMPT)
     eager = [
         int(t) for t in GreedyStreamer(model).stream(torch.tensor([ids]), 8, fast=True)
     ]
     picks = []
-    real = utils.fast.pick_faster
+    real = utils.fast.steps.pick_faster
 
     def spy(fast, token_ids, **kwargs):
         picks.append(kwargs)
         return real(fast, token_ids, **kwargs)
 
-    monkeypatch.setattr(utils.fast, "pick_faster", spy)
+    monkeypatch.setattr(utils.fast.steps, "pick_faster", spy)
     streamer = GreedyStreamer(model)
     for _ in range(2):
         got = streamer.stream(torch.tensor([ids]), 8, compile=True, fast=True)
         assert [int(t) for t in got] == eager
-    assert picks == [{"max_new_tokens": 8}]  # once, sized like the generation
-    assert streamer._fast.compile_scope == "block"
+    assert picks == [{"max_new_tokens": 8, "scope": "block"}]  # once, sized
+    fast = streamer._fast["fast_fastest"]  # the registry's path for the switches
+    assert fast.compile_scope == "block"
     choice = streamer.fast_choice["choice"]
     assert choice in ("eager", "compiled")
-    assert streamer._fast.decode_compiled() is (choice == "compiled")
+    assert fast.decode_compiled() is (choice == "compiled")
     err = capsys.readouterr().err
-    assert err.count("fast path:") == 1 and choice in err
+    assert err.count("decoding is fastest here") == 1 and choice in err
 
 
 def test_compile_of_the_book_model_uses_the_books_setting(model, monkeypatch):
