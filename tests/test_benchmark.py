@@ -15,7 +15,7 @@ import torch
 
 import utils.fast
 from tests.tiny import tiny_config
-from utils import benchmark
+from utils import benchmark, benchmark_modes, benchmark_report
 from utils.fast import weight_bytes_per_token
 from utils.models import load_book_model
 from utils.standin import standin_state_dict
@@ -60,7 +60,7 @@ def _weight_bytes_by_hand() -> int:
 def test_rows_have_the_promised_fields(rows):
     assert [r["mode"] for r in rows] == MODES
     for r in rows:
-        assert set(benchmark.ROW_FIELDS) <= set(r)
+        assert set(benchmark_report.ROW_FIELDS) <= set(r)
         assert r["new_tokens"] == 6 and r["prompt_tokens"] == 5
         assert r["tokens_per_sec"] > 0 and r["e2e_tokens_per_sec"] > 0
         assert 0 <= r["ttft_s"] <= r["warmup_s"] + 60
@@ -104,11 +104,11 @@ def test_optimized_mode_gives_the_book_models_tokens():
 
     book = load_book_model(SD, "cpu", torch.float32, TINY)
     assert isinstance(book, Qwen3Model)
-    opt = benchmark._optimized_model(book)
+    opt = benchmark_modes.optimized_model(book)
     w_opt, w_book = (m.trf_blocks[0].att.W_query.weight for m in (opt, book))
     assert w_opt.data_ptr() == w_book.data_ptr()  # shared, not copied
     want = [t.item() for t in generate_text_basic_stream_cache(book, PROMPT, 8)]
-    got = [t.item() for t in benchmark._optimized_stream(opt, PROMPT, 8)()]
+    got = [t.item() for t in benchmark_modes.optimized_stream(opt, PROMPT, 8)()]
     assert got == want
 
 
@@ -256,22 +256,22 @@ def test_shared_weight_bytes_counts_only_tensors_still_in_use():
     book = load_book_model(sd, "cpu", torch.bfloat16, cfg)
     fast = FastQwen3.from_book_model(book)
     everything = sum(p.numel() * 2 for p in book.parameters())
-    assert benchmark.shared_weight_bytes(fast, book) == everything > 0
+    assert benchmark_modes.shared_weight_bytes(fast, book) == everything > 0
     # int8 copies: only the norms' scales are still the loaded tensors
     q = quantize_int8(FastQwen3.from_book_model(book))
     norms = sum(p.numel() * 2 for n, p in book.named_parameters() if p.dim() == 1)
-    assert benchmark.shared_weight_bytes(q, book) == norms
+    assert benchmark_modes.shared_weight_bytes(q, book) == norms
     assert weight_bytes_per_token(q) < everything / 1.9
     # ... and the int8 tables and scales are its own, plus a cache once it
     # has one
     int8 = sum(b.numel() * b.element_size() for b in q.buffers() if b is not None)
     assert int8 > everything / 2.1
-    assert benchmark.own_tensor_bytes(q, book) == int8
-    assert benchmark.own_tensor_bytes(fast, book) == 0
+    assert benchmark_modes.own_tensor_bytes(q, book) == int8
+    assert benchmark_modes.own_tensor_bytes(fast, book) == 0
     fast.setup_cache(1, 10)
     cache = 2 * TINY["n_layers"] * fast.trf_blocks[0].att.k_cache.nbytes
     rope = fast.cos.nbytes + fast.sin.nbytes + fast.positions.nbytes
-    assert benchmark.own_tensor_bytes(fast, book) == cache + rope
+    assert benchmark_modes.own_tensor_bytes(fast, book) == cache + rope
 
 
 def test_tensor_bytes_count_views_of_one_storage_once():
@@ -282,7 +282,7 @@ def test_tensor_bytes_count_views_of_one_storage_once():
     m.register_buffer("c", block[350:450])  # inside b
     m.register_buffer("d", block[600:700].view(torch.int16))
     # 500 bytes of a..c, 100 of d; not the storage's 1000
-    assert benchmark._storages(m) == {block.untyped_storage().data_ptr(): 600}
+    assert benchmark_modes.storages(m) == {block.untyped_storage().data_ptr(): 600}
 
 
 def test_choice_names_the_fastest_and_the_soonest_fast_path():
@@ -355,13 +355,13 @@ def test_each_mode_is_compared_with_the_read_speed_around_it(monkeypatch):
 
 def test_a_mode_without_a_token_stream_has_no_paired_share(monkeypatch):
     monkeypatch.setattr(utils.fast, "measure_read_bandwidth", lambda *a: 30e9)
-    stamps = benchmark._Prepared(lambda: [1.0, 2.0, 3.0], torch.nn.Linear(1, 1))
+    stamps = benchmark_modes.Prepared(lambda: [1.0, 2.0, 3.0], torch.nn.Linear(1, 1))
     stamps.timer = lambda stream, dev, **kw: {
         "ttft_s": 0.1,
         "total_s": 1.0,
         "tokens": 3,
     }
-    monkeypatch.setitem(benchmark._PREPARE, "hf", lambda *a: stamps)
+    monkeypatch.setitem(benchmark_modes.PREPARE, "hf", lambda *a: stamps)
     rows = tiny_run(["hf_static"])
     assert rows[0]["bandwidth_share_paired"] is rows[0]["paired_read_gbps"] is None
     assert "| - (" in benchmark.format_table(rows)
@@ -624,7 +624,7 @@ def test_a_regular_file_is_replaced_whole_not_rewritten(
 
 DRIVER = r"""
 import json, sys
-from utils import benchmark
+from utils import benchmark, benchmark_modes, benchmark_report
 
 rows = json.load(open(sys.argv[1]))
 benchmark.run_benchmark = lambda **kw: rows

@@ -24,28 +24,46 @@ run (strict, comparable across rows), and against `torch.sum` over the same
 bytes timed right after each token of one more generation (the same moment:
 a shared machine's memory can change speed within a second, so a median over
 seconds is not comparable with a probe's best 30 ms). The row fields are
-listed in `ROW_FIELDS`; the README explains them.
+listed in `utils.benchmark_report.ROW_FIELDS`; the README explains them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import gc
-import json
 import os
 import statistics
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from utils.device import synchronize
+from utils.benchmark_modes import (
+    LOG_NAME,
+    PREPARE,
+    ModeSkipped,
+    PeakMemory,
+    Prepared,
+    forget_compiled_code,
+    fresh_compile_cache,
+    own_tensor_bytes,
+    shared_weight_bytes,
+    time_stream,
+)
+from utils.benchmark_report import (
+    describe_bandwidth,
+    describe_choice,
+    describe_kernels,
+    format_table,
+    num,
+    plot_results,
+    write_csv,
+    write_json,
+)
 from utils.errors import (
     CommandParser,
     UsageError,
@@ -54,9 +72,7 @@ from utils.errors import (
     utf8_text,
 )
 from utils.log import get_logger
-from utils.outputs import check_output_path, plot_format, write_output
-
-LOG_NAME = "utils.benchmark"  # not __name__, which is "__main__" under python -m
+from utils.outputs import check_output_path, plot_format
 
 
 @dataclass(frozen=True)
@@ -113,38 +129,6 @@ DTYPES = {
     "float16": torch.float16,
     "float32": torch.float32,
 }
-ROW_FIELDS = (
-    "mode",
-    "device",
-    "dtype",
-    "prompt_tokens",
-    "new_tokens",
-    "tokens_per_sec",
-    "tokens_per_sec_spread",
-    "e2e_tokens_per_sec",
-    "ttft_s",
-    "warmup_s",
-    "warmup_cached_s",
-    "to_last_token_cold_s",
-    "to_last_token_cached_s",
-    "weight_bytes_per_token",
-    "weight_read_gbps",
-    "machine_read_gbps",
-    "best_read_gbps",
-    "run_read_gbps",
-    "bandwidth_share",
-    "bandwidth_share_paired",
-    "paired_read_gbps",
-    "peak_mem_bytes",
-    "process_peak_mem_bytes",
-    "shared_weight_bytes",
-    "own_tensor_bytes",
-    "memory_kind",
-    "ratio_vs_kv_cache",
-    "compiled",
-    "kernels",
-    "note",
-)
 
 
 def default_modes(device: torch.device) -> list[str]:
@@ -153,326 +137,6 @@ def default_modes(device: torch.device) -> list[str]:
     if device.type == "cpu":
         return [m.name for m in MODES if m.by_default and not m.slow_on_cpu]
     return [m.name for m in MODES if m.by_default and not m.cpu_only]
-
-
-class ModeSkipped(Exception):
-    """A mode cannot run here (e.g. an optional package is missing)."""
-
-
-# ---------------------------------------------------------------------------
-# Memory sampling
-# ---------------------------------------------------------------------------
-
-
-class _PeakMemory:
-    """Peak memory while a mode runs: device memory on CUDA/XPU/MPS, and on
-    CPU the largest resident size sampled every few milliseconds (the
-    process-wide peak would only ever grow from mode to mode). `growth` is
-    the peak minus the memory in use when the mode started."""
-
-    def __init__(self, device: torch.device, interval_s: float = 0.02) -> None:
-        self.device = device
-        self.interval_s = interval_s
-        self.peak = 0
-        self.start = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _sample(self) -> None:
-        import psutil
-
-        proc = psutil.Process()
-        while not self._stop.is_set():
-            self.peak = max(self.peak, proc.memory_info().rss)
-            self._stop.wait(self.interval_s)
-
-    def __enter__(self) -> _PeakMemory:
-        from utils.device import reset_peak_memory
-
-        reset_peak_memory(self.device)
-        if self.device.type == "cpu":
-            import psutil
-
-            self.start = self.peak = psutil.Process().memory_info().rss
-            self._thread = threading.Thread(target=self._sample, daemon=True)
-            self._thread.start()
-        else:
-            backend = getattr(torch, self.device.type, None)
-            allocated = getattr(backend, "memory_allocated", None)
-            self.start = int(allocated()) if allocated is not None else 0
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        from utils.device import peak_memory_bytes
-
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self.kind = "Peak process memory (RSS) during the mode"
-        else:
-            self.peak, self.kind = peak_memory_bytes(self.device)
-
-    @property
-    def growth(self) -> int:
-        return max(self.peak - self.start, 0)
-
-
-def shared_weight_bytes(model: torch.nn.Module, loaded: torch.nn.Module) -> int:
-    """Bytes of the tensors of `loaded` (the book model every mode starts
-    from) that `model` still uses: the weights a mode reads without copying."""
-
-    mine, theirs = _storages(model), _storages(loaded)
-    return sum(nbytes for ptr, nbytes in mine.items() if ptr in theirs)
-
-
-def own_tensor_bytes(model: torch.nn.Module, loaded: torch.nn.Module) -> int:
-    """Bytes of `model`'s tensors that are not `loaded`'s: the copies a mode
-    made (int8 weights, static KV cache). A floor for its memory where the
-    allocator reuses memory freed by an earlier mode, so RSS does not grow."""
-    mine, theirs = _storages(model), _storages(loaded)
-    return sum(nbytes for ptr, nbytes in mine.items() if ptr not in theirs)
-
-
-def _storages(m: torch.nn.Module) -> dict[int, int]:
-    """{storage address: bytes its tensors cover} of a module's parameters
-    and buffers. Counts the bytes the tensors view, not the storage's size:
-    the int8 weights are views of one block with some unused padding
-    (utils.fast.quantize.int8_block)."""
-    spans: dict[int, list[tuple[int, int]]] = {}
-    for t in [*m.parameters(), *m.buffers()]:
-        if t is not None and t.device.type != "meta":
-            start = t.data_ptr()
-            end = start + t.numel() * t.element_size()
-            spans.setdefault(t.untyped_storage().data_ptr(), []).append((start, end))
-    return {ptr: _covered(parts) for ptr, parts in spans.items()}
-
-
-def _covered(spans: list[tuple[int, int]]) -> int:
-    """Bytes covered by the union of [start, end) spans."""
-    total, reach = 0, None
-    for start, end in sorted(spans):
-        if reach is not None and start < reach:
-            start = reach
-        if end > start:
-            total += end - start
-            reach = end
-    return total
-
-
-# ---------------------------------------------------------------------------
-# Runners: each mode becomes "a function that streams new tokens"
-# ---------------------------------------------------------------------------
-
-
-class _Progress:
-    """Counts tokens for one phase of a mode: a tqdm bar on a terminal; when
-    stderr goes to a file or a pipe, one line at the start and one at the
-    end (with the time) instead of hundreds of bar updates."""
-
-    def __init__(self, desc: str, total: int | None) -> None:
-        self.desc, self.count, self.start = desc, 0, time.perf_counter()
-        self.bar = None
-        if sys.stderr.isatty():
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total, desc=desc, unit="tok", leave=False)
-        else:
-            get_logger(LOG_NAME).info(f"{desc} ...")
-
-    def update(self) -> None:
-        self.count += 1
-        if self.bar is not None:
-            self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        else:
-            took = time.perf_counter() - self.start
-            get_logger(LOG_NAME).info(
-                f"{self.desc}: done, {self.count} tokens in {took:.1f} s"
-            )
-
-
-def _time_stream(
-    stream: Callable[[], Iterable[Any]],
-    device: torch.device,
-    progress: str | None = None,
-    total: int | None = None,
-) -> dict[str, float]:
-    """Time one generation: time to first token, total, number of tokens.
-    With `progress`, the tokens are counted on stderr under that name."""
-    bar = None if progress is None else _Progress(progress, total)
-    synchronize(device)
-    start = time.perf_counter()
-    first = None
-    n = 0
-    try:
-        for tok in stream():
-            if first is None:
-                if hasattr(tok, "device"):
-                    synchronize(device)
-                first = time.perf_counter()
-            n += 1
-            if bar is not None:
-                bar.update()
-        synchronize(device)
-    finally:
-        if bar is not None:
-            bar.close()
-    end = time.perf_counter()
-    first = end if first is None else first
-    return {"ttft_s": first - start, "total_s": end - start, "tokens": n}
-
-
-def _book_stream(model, generator, token_ids, n):
-    return lambda: generator(model, token_ids, n)
-
-
-def _optimized_model(book_model: torch.nn.Module) -> torch.nn.Module:
-    """The book package's `qwen3_optimized.Qwen3Model` sharing the book
-    model's weights (same parameter names; no copy)."""
-    try:
-        from reasoning_from_scratch import qwen3_optimized as opt
-    except ImportError as exc:
-        raise ModeSkipped(
-            "this reasoning_from_scratch has no qwen3_optimized module "
-            "(update it: pip install -U reasoning-from-scratch)"
-        ) from exc
-    cfg = dict(book_model.cfg)
-    device = book_model.tok_emb.weight.device
-    with torch.device("meta"):
-        model = opt.Qwen3Model(cfg)
-    model.load_state_dict(book_model.state_dict(), assign=True)
-    head_dim = cfg["head_dim"] or cfg["emb_dim"] // cfg["n_heads"]
-    cos, sin = opt.compute_rope_params(
-        head_dim, theta_base=cfg["rope_base"], context_length=cfg["context_length"]
-    )
-    model.cos, model.sin = cos.to(device), sin.to(device)
-    return model.eval()
-
-
-def _optimized_stream(model, token_ids, n):
-    """The loop of `qwen3_optimized.generate_text_basic_cache`, yielding each
-    token as it is made. The cache holds prompt + n tokens; the package's
-    function sizes it for the whole 40,960-token context instead."""
-    from reasoning_from_scratch.qwen3_optimized import KVCache
-
-    cfg = model.cfg
-
-    @torch.inference_mode()
-    def stream():
-        cache = KVCache(
-            n_layers=cfg["n_layers"],
-            max_len=token_ids.shape[1] + n,
-            num_kv_groups=cfg["n_kv_groups"],
-            head_dim=cfg["head_dim"] or cfg["emb_dim"] // cfg["n_heads"],
-            device=token_ids.device,
-            dtype=cfg["dtype"],
-        )
-        model.reset_kv_cache()
-        out = model(token_ids, cache=cache)[:, -1]
-        for _ in range(n):
-            next_token = torch.argmax(out, dim=-1, keepdim=True)
-            yield next_token
-            out = model(next_token, cache=cache)[:, -1]
-
-    return stream
-
-
-def _hf_static_runner(book_model, token_ids, n):
-    """Qwen3ForCausalLM holding the book model's weights, greedy generate with
-    a static cache; tokens come out through a streamer as they are made."""
-    try:
-        import transformers
-    except ImportError as exc:
-        raise ModeSkipped(
-            "transformers is not installed (pip install transformers)"
-        ) from exc
-
-    from utils.hf_interop import book_to_hf_state_dict, hf_config_from_book
-
-    dtype = book_model.tok_emb.weight.dtype
-    device = book_model.tok_emb.weight.device
-    config = transformers.Qwen3Config(
-        **hf_config_from_book(book_model.cfg, tie_word_embeddings=False, dtype=dtype)
-    )
-    with torch.device(device):
-        hf = transformers.Qwen3ForCausalLM(config).to(dtype)
-    sd = book_to_hf_state_dict(book_model.state_dict())
-    hf.load_state_dict(sd, strict=True)
-    hf.eval()
-    hf.generation_config.eos_token_id = None
-    hf.generation_config.pad_token_id = 0
-
-    def stream() -> list[float]:
-        """Run generate once; the time at which each new token appeared."""
-        stamps: list[float] = []
-
-        class Streamer:  # transformers calls put() with the prompt, then tokens
-            prompt_seen = False
-
-            def put(self, value):
-                if self.prompt_seen:
-                    stamps.append(time.perf_counter())
-                self.prompt_seen = True
-
-            def end(self):
-                pass
-
-        with torch.inference_mode():
-            hf.generate(
-                token_ids,
-                attention_mask=torch.ones_like(token_ids),
-                max_new_tokens=n,
-                min_new_tokens=n,
-                do_sample=False,
-                cache_implementation="static",
-                streamer=Streamer(),
-            )
-        return stamps
-
-    return stream, hf
-
-
-def _hf_time_stream(stream, device) -> dict[str, float]:
-    synchronize(device)
-    start = time.perf_counter()
-    stamps = list(stream())
-    synchronize(device)
-    end = time.perf_counter()
-    first = stamps[0] if stamps else end
-    return {"ttft_s": first - start, "total_s": end - start, "tokens": len(stamps)}
-
-
-@contextlib.contextmanager
-def _fresh_compile_cache(enabled: bool) -> Iterator[None]:
-    """An empty temporary inductor cache folder (deleted afterwards), so the
-    first compile is what a fresh machine pays and a later one can reuse it."""
-    import torch._inductor.utils as inductor_utils
-
-    fresh = getattr(inductor_utils, "fresh_cache", None) or getattr(
-        inductor_utils, "fresh_inductor_cache", None
-    )
-    if not enabled or fresh is None:
-        yield
-        return
-    with fresh():
-        yield
-
-
-def _forget_compiled_code() -> None:
-    """Drop what this process compiled (dynamo's graphs, inductor's loaded
-    kernels) but not the on-disk cache: the next call compiles like a second
-    process would."""
-    import torch._inductor.utils as inductor_utils
-
-    torch._dynamo.reset()
-    clear = getattr(inductor_utils, "clear_caches", None) or getattr(
-        inductor_utils, "clear_inductor_caches", None
-    )
-    if clear is not None:
-        clear()
 
 
 # ---------------------------------------------------------------------------
@@ -525,61 +189,6 @@ def prompt_token_ids(
     return torch.tensor(tok.encode(prompt), device=device).unsqueeze(0)
 
 
-@dataclass
-class _Prepared:
-    """A mode ready to run: a stream factory, its timer and the model."""
-
-    stream: Callable[[], Iterable[Any]]
-    model: torch.nn.Module
-    timer: Callable[..., dict[str, float]] = _time_stream
-
-
-def _prepare_book(mode: Mode, book, token_ids, n) -> _Prepared:
-    from utils.compile import book_compile
-    from utils.generation import (
-        generate_text_basic_stream,
-        generate_text_basic_stream_cache,
-    )
-
-    model = book_compile(book) if mode.compiled else book
-    gen = generate_text_basic_stream_cache if mode.cache else generate_text_basic_stream
-    return _Prepared(_book_stream(model, gen, token_ids, n), book)
-
-
-def _prepare_optimized(mode: Mode, book, token_ids, n) -> _Prepared:
-    from utils.compile import book_compile
-
-    opt = _optimized_model(book)
-    model = book_compile(opt) if mode.compiled else opt
-    return _Prepared(_optimized_stream(model, token_ids, n), opt)
-
-
-def _prepare_fast(mode: Mode, book, token_ids, n) -> _Prepared:
-    from utils.fast import generate, get_path
-
-    path = get_path(mode.name)
-    reason = path.unavailable(token_ids.device)
-    if reason is not None:
-        raise ModeSkipped(reason)
-    fast = path.build(book, token_ids=token_ids, max_new_tokens=n)
-    if path.native and fast.native_unsupported_reason() is not None:
-        raise ModeSkipped(fast.native_unsupported_reason())
-    return _Prepared(lambda: generate(fast, token_ids, n), fast)
-
-
-def _prepare_hf(mode: Mode, book, token_ids, n) -> _Prepared:
-    stream, hf = _hf_static_runner(book, token_ids, n)
-    return _Prepared(stream, hf, _hf_time_stream)
-
-
-_PREPARE = {
-    "book": _prepare_book,
-    "optimized": _prepare_optimized,
-    "fast": _prepare_fast,
-    "hf": _prepare_hf,
-}
-
-
 def _check_modes(modes: Sequence[str]) -> list[str]:
     modes = list(ALL_MODES) if list(modes) == ["all"] else list(modes)
     bad = [m for m in modes if m not in MODE_BY_NAME]
@@ -623,7 +232,7 @@ def run_benchmark(
     bandwidth_bytes: int = 1 << 30,
 ) -> list[dict[str, Any]]:
     """Time each mode on one model (same weights, prompt and token count) and
-    return one dict per mode (fields: ROW_FIELDS).
+    return one dict per mode (fields: benchmark_report.ROW_FIELDS).
 
     Weights come from `download_qwen3_small` (stand-ins offline), `model_path`,
     or `cfg` + `state_dict` (tests); `token_ids` overrides the prompt.
@@ -722,7 +331,7 @@ class _Run:
         rows = []
         for name in modes:
             # each mode compiles into its own empty cache folder (cold_compile)
-            with _fresh_compile_cache(cold_compile):
+            with fresh_compile_cache(cold_compile):
                 row = self.mode(MODE_BY_NAME[name])
             if row is None:
                 continue
@@ -735,9 +344,9 @@ class _Run:
                 f"{name}: {row['tokens_per_sec']:.2f} tok/s, "
                 f"weights read at {row['weight_read_gbps']:.1f} GB/s (read "
                 f"speed around it {row['machine_read_gbps']:.1f} GB/s; "
-                f"{_num(row['bandwidth_share_paired'], '.0%')} of torch.sum "
+                f"{num(row['bandwidth_share_paired'], '.0%')} of torch.sum "
                 f"at the same moment, when it read at "
-                f"{_num(row['paired_read_gbps'], '.1f')} GB/s), "
+                f"{num(row['paired_read_gbps'], '.1f')} GB/s), "
                 f"warm-up {row['warmup_s']:.1f} s"
             )
         _add_shares(rows)
@@ -756,11 +365,11 @@ class _Run:
         from utils.fast import describe_step, paired_share
 
         if mode.compiled:
-            _forget_compiled_code()  # every compiled mode starts from scratch
-        with _PeakMemory(self.dev) as mem:
+            forget_compiled_code()  # every compiled mode starts from scratch
+        with PeakMemory(self.dev) as mem:
             t0 = time.perf_counter()
             try:
-                prep = _PREPARE[mode.family](mode, self.book, self.token_ids, self.n)
+                prep = PREPARE[mode.family](mode, self.book, self.token_ids, self.n)
             except ModeSkipped as exc:
                 get_logger(LOG_NAME).info(f"{mode.name}: skipped, {exc}")
                 return None
@@ -778,7 +387,7 @@ class _Run:
         _add_memory(row, prep.model, self.book, mem)
         row["kernels"] = describe_step(prep.model)
         paired = None
-        if prep.timer is _time_stream:  # tokens come one by one
+        if prep.timer is time_stream:  # tokens come one by one
             paired = paired_share(prep.stream, row["weight_bytes_per_token"], self.dev)
         row["bandwidth_share_paired"], row["paired_read_gbps"] = paired or (None, None)
         if warm["tokens"] != self.n:
@@ -787,13 +396,13 @@ class _Run:
         # next mode's memory figure is its own
         del prep
         if mode.compiled:
-            _forget_compiled_code()
+            forget_compiled_code()
         gc.collect()
         return row
 
-    def timed(self, mode: Mode, prep: _Prepared):
+    def timed(self, mode: Mode, prep: Prepared):
         """(warm-up, warm-up from the compile cache or None, timed runs)."""
-        bars = prep.timer is _time_stream
+        bars = prep.timer is time_stream
         what = "warm-up, compiling (minutes on a CPU)" if mode.compiled else "warm-up"
         kwargs = (
             {"progress": self.progress(mode, what), "total": self.n} if bars else {}
@@ -801,7 +410,7 @@ class _Run:
         warm = prep.timer(prep.stream, self.dev, **kwargs)
         cached = None
         if mode.compiled:
-            _forget_compiled_code()
+            forget_compiled_code()
             if bars:
                 kwargs["progress"] = self.progress(
                     mode, "warm-up again, from the compile cache"
@@ -811,7 +420,7 @@ class _Run:
         return warm, cached, runs
 
 
-def _add_memory(row: dict[str, Any], model, book, mem: _PeakMemory) -> None:
+def _add_memory(row: dict[str, Any], model, book, mem: PeakMemory) -> None:
     """The mode's own memory: the loaded weights it reads in place, plus
     what the process grew by while it ran (its copies, caches, compiling);
     the loaded model is shared by every mode, so it is not counted for
@@ -900,171 +509,6 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
                 row["memory_vs_fast_compiled"] = (
                     row["peak_mem_bytes"] / compiled["peak_mem_bytes"]
                 )
-
-
-def describe_kernels(rows: Sequence[Mapping[str, Any]]) -> str | None:
-    """One line naming the kernels each native mode ran (None without
-    native rows)."""
-    ran = [f"{r['mode']}: {r['kernels']}" for r in rows if r.get("kernels")]
-    if not ran:
-        return None
-    return "Kernels the native modes ran: " + "; ".join(ran) + "."
-
-
-def describe_choice(rows: Sequence[Mapping[str, Any]]) -> str | None:
-    """One line naming the fast path to use on this machine (None without
-    fast rows): the fastest per token and the soonest to the last token."""
-    best = next((r for r in rows if r.get("best_bf16_fast")), None)
-    soonest = next((r for r in rows if r.get("soonest_bf16_fast")), None)
-    if best is None or soonest is None:
-        return None
-    text = (
-        f"Fastest bf16 fast path here: {best['mode']} "
-        f"({best['tokens_per_sec']:.1f} tok/s)"
-    )
-    if soonest is not best:
-        text += (
-            f"; soonest to the last token from a cold start: {soonest['mode']} "
-            f"({soonest['to_last_token_cold_s']:.1f} s for "
-            f"{soonest['new_tokens']} tokens)"
-        )
-    return text + "."
-
-
-# ---------------------------------------------------------------------------
-# Output: table, JSON, CSV, chart
-# ---------------------------------------------------------------------------
-
-
-def _num(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
-def _spread(row: Mapping[str, Any]) -> str:
-    """ " ±N%" over the timed runs; " ±–" with only one (no spread to tell)."""
-    value = row.get("tokens_per_sec_spread")
-    if value is None:
-        return ""
-    if len(row.get("tokens_per_sec_runs") or ()) < 2:
-        return " ±–"
-    return f" ±{value:.0%}"
-
-
-def _share(row: Mapping[str, Any]) -> str:
-    paired, best = row.get("bandwidth_share_paired"), row.get("bandwidth_share")
-    if best is None:
-        return "-"
-    return f"{_num(paired, '.0%')} ({best:.0%})"
-
-
-def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """A markdown table of the rows: speed (± half the range over the timed
-    runs), time to first token, warm-up cold and cached, time to the last
-    token, weight-read GB/s and its share of `torch.sum`'s speed at the same
-    moment (in brackets: of the run's best probe), peak memory, ratio to the
-    book's KV-cache mode."""
-    n = rows[0]["new_tokens"] if rows else "N"
-    header = (
-        "| Mode | Tokens/sec (decode, ± spread) | Tokens/sec (end to end) | TTFT (s) "
-        "| Warm-up cold / cached (s) "
-        f"| To token {n} cold / cached (s) "
-        "| Weights read (GB/s) | Share of read speed: same moment (best probe) "
-        "| Peak memory (GB) | vs kv_cache |"
-    )
-    lines = [header, "|" + "---|" * 10]
-    for r in rows:
-        ratio = r.get("ratio_vs_kv_cache")
-        lines.append(
-            f"| {r['mode']} | {r['tokens_per_sec']:.2f}{_spread(r)} "
-            f"| {r['e2e_tokens_per_sec']:.2f} | {r['ttft_s']:.3f} "
-            f"| {r['warmup_s']:.1f} / {_num(r.get('warmup_cached_s'), '.1f')} "
-            f"| {_num(r.get('to_last_token_cold_s'), '.1f')} / "
-            f"{_num(r.get('to_last_token_cached_s'), '.1f')} "
-            f"| {_num(r.get('weight_read_gbps'), '.1f')} "
-            f"| {_share(r)} "
-            f"| {r['peak_mem_bytes'] / 1024**3:.2f} "
-            f"| {_num(ratio, '.2f')}{'' if ratio is None else 'x'} |"
-        )
-    return "\n".join(lines)
-
-
-def describe_bandwidth(rows: Sequence[Mapping[str, Any]]) -> str:
-    """One line: the measured read speed and what it allows per token."""
-    if not rows or rows[0].get("machine_read_gbps") is None:
-        return ""
-    speeds = [r["machine_read_gbps"] for r in rows]
-    low, high = min(speeds), max(speeds)
-    span = (
-        f"{low:.1f} GB/s"
-        if f"{low:.1f}" == f"{high:.1f}"
-        else (f"{low:.1f}-{high:.1f} GB/s")
-    )
-    parts = [f"Memory read speed measured around each mode: {span}"]
-    for r in rows:
-        if r.get("weight_bytes_per_token"):
-            per_token = r["weight_bytes_per_token"] / 1e9
-            gbps = r["machine_read_gbps"]
-            paired = r.get("paired_read_gbps")
-            moment = (
-                ""
-                if paired is None
-                else f"; its same-moment share with torch.sum at {paired:.1f} GB/s"
-            )
-            parts.append(
-                f"{r['mode']} reads {per_token:.2f} GB/token "
-                f"(limit {gbps / per_token:.0f} tok/s at {gbps:.1f} GB/s{moment})"
-            )
-    return "; ".join(parts[:1]) + ".\n" + "\n".join(parts[1:])
-
-
-def write_json(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
-    """Write the rows as a JSON list (a regular file atomically, a device or
-    FIFO such as /dev/stdout through; `utils.outputs.write_output`)."""
-    text = json.dumps(list(rows), indent=2) + "\n"
-    return write_output(path, text.encode("utf-8"), "--json")
-
-
-def write_csv(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
-    """Write the rows as CSV with a header line (as `write_json` does)."""
-    import io
-
-    fields = list(ROW_FIELDS) + sorted({k for r in rows for k in r} - set(ROW_FIELDS))
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=fields)
-    writer.writeheader()
-    writer.writerows(rows)
-    return write_output(path, buf.getvalue().encode("utf-8"), "--csv")
-
-
-def plot_results(
-    rows: Sequence[Mapping[str, Any]], path: str | os.PathLike | None = None
-):
-    """Bar chart of decode tokens/sec per mode; saved to `path` if given, in
-    the format its suffix names (as `write_json` writes). Returns the
-    matplotlib Figure."""
-    import matplotlib
-
-    if path is not None and "matplotlib.pyplot" not in sys.modules:
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    modes = [r["mode"] for r in rows]
-    speeds = [r["tokens_per_sec"] for r in rows]
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(rows)), 3.5))
-    bars = ax.bar(modes, speeds, color="#4c72b0")
-    ax.bar_label(bars, fmt="%.1f")
-    ax.set_ylabel("decode tokens/sec")
-    if rows:
-        ax.set_title(f"Qwen3 0.6B, {rows[0]['device']}, {rows[0]['dtype']}")
-    ax.tick_params(axis="x", labelrotation=30)
-    fig.tight_layout()
-    if path is not None:
-        import io
-
-        image = io.BytesIO()
-        fig.savefig(image, format=plot_format(path), dpi=120)
-        write_output(path, image.getvalue(), "--plot")
-    return fig
 
 
 # ---------------------------------------------------------------------------
