@@ -325,39 +325,6 @@ def test_pick_faster_waits_for_the_device_before_each_reading(monkeypatch):
     assert result["native_s"] is None and result["choice"] in ("eager", "compiled")
 
 
-def test_each_cpu_capability_compiles_into_its_own_inductor_cache(monkeypatch):
-    """Inductor's cache does not key on ATEN_CPU_CAPABILITY (code compiled
-    for AVX-512 crashed a later avx2 run with SIGBUS): the root conftest
-    gives every capability its own subfolder of the given cache folder."""
-    import importlib.util
-    import os
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2] / "conftest.py"
-    spec = importlib.util.spec_from_file_location("root_conftest", root)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    folders = {}
-    for capability in ("", "avx2", "AVX2", "default"):
-        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/shared/inductor")
-        monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
-        module._inductor_cache_per_capability()
-        folders[capability] = os.environ["TORCHINDUCTOR_CACHE_DIR"]
-    assert folders == {
-        "": "/shared/inductor/capability-native",
-        "avx2": "/shared/inductor/capability-avx2",
-        "AVX2": "/shared/inductor/capability-avx2",
-        "default": "/shared/inductor/capability-default",
-    }
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
-    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
-    module._inductor_cache_per_capability()  # torch's default folder as base
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("capability-avx2")
-    assert Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).parent.name.startswith(
-        "torchinductor_"
-    )
-
-
 def test_a_batch_stops_only_when_every_row_is_at_eos():
     from utils.fast.steps import _all_eos
 
