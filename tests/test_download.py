@@ -23,7 +23,7 @@ from tests.fake_hosts import (
     serve_like_hub,
 )
 from tests.tiny import tiny_config
-from utils import download, provenance, standin
+from utils import download, download_sources, http_watch, provenance, standin
 from utils.download import KINDS, DownloadError, Qwen3Files, download_qwen3_small
 from utils.provenance import is_verified
 
@@ -37,7 +37,8 @@ def tiny_expectations(monkeypatch: pytest.MonkeyPatch) -> None:
     """Content checks expect the tiny model and the fake tokenizer's size."""
     monkeypatch.setattr(provenance, "MODEL_CONFIG", TINY)
     monkeypatch.setattr(provenance, "TOKENIZER_VOCAB", VOCAB)
-    monkeypatch.setattr(download, "_BACKOFF", 0.01)
+    monkeypatch.setattr(download_sources, "_BACKOFF", 0.01)
+    monkeypatch.setattr(download, "_MIN_TIMEOUT", 0.1)  # quick tests may wait less
 
 
 @pytest.fixture
@@ -108,8 +109,8 @@ def test_primary_success(hosts, payloads, tmp_path, capsys, monkeypatch):
     assert record["size"] == len(payloads[MODEL])
     assert record["source"] == hub.url + HUB_PREFIX + MODEL
     captured = capsys.readouterr()
-    assert f"Saved {tmp_path / MODEL}" in captured.out
-    assert f"from the Hugging Face Hub: {hub.url}" in captured.out
+    assert f"Saved {tmp_path / MODEL}" in captured.err and captured.out == ""
+    assert f"from the Hugging Face Hub: {hub.url}" in captured.err
     assert "100%" in captured.err  # the hub client's progress bars
 
 
@@ -120,7 +121,8 @@ def test_verified_files_make_no_request(hosts, payloads, tmp_path, capsys):
     download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
     assert [len(h.seen()) for h in hosts] == before
     assert_real(files, payloads)
-    assert "already downloaded and verified" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "already downloaded and verified" in captured.err and captured.out == ""
 
 
 def test_tokenizer_only_and_reasoning_names(hosts, tmp_path):
@@ -172,7 +174,7 @@ def test_backup_resumes_dropped_connection(hosts, payloads, tmp_path, capsys):
     first, second = range_starts(mirror.seen("GET", MODEL))
     assert first is None and 0 < second <= 123_456
     captured = capsys.readouterr()
-    assert "backup mirror" in captured.out and mirror.url in captured.out
+    assert "backup mirror" in captured.err and mirror.url in captured.err
     assert "100%" in captured.err  # tqdm progress bar
     record = json.loads((tmp_path / f".{MODEL}.verified.json").read_text())
     assert record["checked"] == "sha1 verified"  # from x-bz-info-large_file_sha1
@@ -350,7 +352,8 @@ def test_standin_mode_makes_no_request(hosts, tmp_path, capsys, standin_env):
     assert all(provenance.is_standin(p) and not is_verified(p) for p in files)
     assert provenance.checkpoint_is_marked(files.model)
     assert all(h.seen() == [] for h in hosts)
-    assert capsys.readouterr().out.count(provenance.BANNER) == 2  # once per call
+    captured = capsys.readouterr()
+    assert captured.err.count(provenance.BANNER) == 2 and captured.out == ""
     assert not out.exists()  # the reader's folder is not even created
 
 
@@ -419,7 +422,7 @@ def test_standin_call_leaves_real_downloads_alone(
     assert provenance.is_standin(files.model) and provenance.is_standin(files.tokenizer)
     assert snapshot(real) == before  # byte for byte, nothing added or removed
     assert is_verified(real / TOK) and is_verified(real / MODEL)
-    assert f"nothing in {real}/ was touched" in capsys.readouterr().out
+    assert f"nothing in {real}/ was touched" in capsys.readouterr().err
 
 
 def test_standin_default_folder_is_in_the_cache(monkeypatch, tmp_path):
@@ -446,7 +449,7 @@ def test_standin_refuses_to_replace_a_verified_file(
         with pytest.raises(FileExistsError):
             write(real / name, "base")
     assert snapshot(real) == before
-    out = capsys.readouterr().out.splitlines()
+    out = said(capsys.readouterr().err)
     refusals = [line for line in out if "will not replace" in line]
     assert len(refusals) == 3 and str(real / TOK) in refusals[0]
 
@@ -615,7 +618,7 @@ def test_server_ignoring_range_and_dropping_gives_up_after_few_requests(
     with pytest.raises(DownloadError, match=TOK):
         download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
     gets = len(mirror.seen("GET", TOK))
-    assert 2 <= gets <= download._MAX_STALLS + 1, gets
+    assert 2 <= gets <= download_sources._MAX_STALLS + 1, gets
     assert not (tmp_path / TOK).exists()
 
 
@@ -625,7 +628,7 @@ def test_requests_are_capped_even_while_bytes_arrive(
     """A link that drops every few kB still makes progress; the cap ends it."""
     hub, cdn, mirror = hosts
     hub.resources.clear()
-    monkeypatch.setattr(download, "_MAX_REQUESTS", 2)
+    monkeypatch.setattr(download_sources, "_MAX_REQUESTS", 2)
     # each try brings one 64 kB read before the drop
     mirror.resources[MIRROR_PREFIX + TOK].drop_after = [70_000] * 1000
     with pytest.raises(DownloadError):
@@ -637,8 +640,8 @@ def test_backoff_doubles(hosts, tmp_path, monkeypatch):
     hub, cdn, mirror = hosts
     hub.resources.clear()
     pauses: list[float] = []
-    monkeypatch.setattr(download, "_BACKOFF", 1.0)
-    monkeypatch.setattr(download.time, "sleep", pauses.append)
+    monkeypatch.setattr(download_sources, "_BACKOFF", 1.0)
+    monkeypatch.setattr(download_sources.time, "sleep", pauses.append)
     with SilentHost() as silent:
         monkeypatch.setenv(download.TIMEOUT_ENV, "0.2")
         with pytest.raises(DownloadError):
@@ -826,7 +829,7 @@ def test_hub_server_ignoring_range_and_dropping_is_abandoned(
     res.drop_after = [300_000] * 1000
     files = download_qwen3_small("base", out_dir=tmp_path)
     assert_real(files, payloads)
-    assert len(cdn.seen("GET", MODEL)) <= download._MAX_STALLS + 1
+    assert len(cdn.seen("GET", MODEL)) <= http_watch.MAX_RESTARTS + 1
     assert len(mirror.seen("GET", MODEL)) == 1
 
 
@@ -876,13 +879,23 @@ def test_notebook_run_under_nbval_leaves_real_downloads_alone(
 @pytest.fixture
 def quick_stall(monkeypatch: pytest.MonkeyPatch) -> None:
     """The stall rule at test scale: at least 1 kB in every second."""
-    monkeypatch.setattr(download, "_STALL_WINDOW", 1.0)
-    monkeypatch.setattr(download, "_STALL_MIN_BYTES", 1024)
+    monkeypatch.setattr(http_watch, "_STALL_WINDOW", 1.0)
+    monkeypatch.setattr(http_watch, "_STALL_MIN_BYTES", 1024)
     monkeypatch.setenv(download.TIMEOUT_ENV, "0.5")  # a byte every 0.1 s passes
 
 
-def source_lines(out: str, name: str) -> list[str]:
-    return [line for line in out.splitlines() if line.startswith(f"{name}: ")]
+def said(err: str, by: str = "utils.") -> list[str]:
+    """The lines the `utils` loggers (or the one named `by`) wrote into
+    `err`, without their prefix."""
+    return [
+        line.split(": ", 1)[1]
+        for line in err.splitlines()
+        if line.startswith(by) and ": " in line
+    ]
+
+
+def source_lines(err: str, name: str) -> list[str]:
+    return [line for line in said(err) if line.startswith(f"{name}: ")]
 
 
 def failed_lines(out: str, name: str) -> list[str]:
@@ -907,7 +920,7 @@ def test_slow_loris_on_the_hub_cdn_fails_over_to_the_mirror(
     assert mirror.seen("GET", MODEL) and len(cdn.seen("GET", MODEL)) == 1
     [failed] = [
         line
-        for line in source_lines(capsys.readouterr().out, MODEL)
+        for line in source_lines(capsys.readouterr().err, MODEL)
         if "failed" in line
     ]
     assert "Hugging Face Hub" in failed and "too slow" in failed
@@ -932,7 +945,7 @@ def test_slow_loris_on_the_mirror_ends_with_one_line(
     elapsed = time.monotonic() - start
     assert elapsed < 6, elapsed
     assert len(mirror.seen("GET", TOK)) == 1  # no retry of a stalled source
-    hub_failed, failed = failed_lines(capsys.readouterr().out, TOK)
+    hub_failed, failed = failed_lines(capsys.readouterr().err, TOK)
     assert "HTTP 404" in hub_failed
     assert "backup mirror" in failed and "too slow" in failed and "B/s" in failed
     assert "too slow" in err.value.attempts[-1][1]
@@ -964,11 +977,11 @@ def test_retry_after_an_hour_is_not_waited_for(
     files = download_qwen3_small("base", out_dir=tmp_path)
     assert_real(files, payloads)  # from the mirror
     assert mirror.seen("GET", MODEL)
-    assert max(sleeps, default=0) <= download._MAX_RATE_WAIT, sleeps
+    assert max(sleeps, default=0) <= download_sources._MAX_RATE_WAIT, sleeps
     assert len(cdn.seen("GET", MODEL)) == 1
     [failed] = [
         line
-        for line in source_lines(capsys.readouterr().out, MODEL)
+        for line in source_lines(capsys.readouterr().err, MODEL)
         if "failed" in line
     ]
     assert "HTTP 429" in failed and "asks to wait 3600 s" in failed
@@ -1001,7 +1014,7 @@ def test_short_rate_limits_are_waited_for_within_the_allowance(
     waits add up to at most `_MAX_RATE_WAIT`; the next one ends the Hub."""
     hub, cdn, mirror = hosts
     sleeps = fake_sleeps(monkeypatch)
-    monkeypatch.setattr(download, "_MAX_RATE_WAIT", 5.0)
+    monkeypatch.setattr(download_sources, "_MAX_RATE_WAIT", 5.0)
     res = cdn.resources[f"/cdn/{MODEL}"]
     res.headers["Retry-After"] = "2"
     res.statuses = [429]
@@ -1087,7 +1100,7 @@ def test_part_file_left_by_a_full_disk_goes_once_the_hub_delivers(
     assert_real(files, payloads)
     assert cdn.seen("GET", MODEL) and not part.exists()
     assert leftovers(tmp_path) == []
-    [failed] = [line for line in failed_lines(proc.stdout, MODEL) if "mirror" in line]
+    [failed] = [line for line in failed_lines(proc.stderr, MODEL) if "mirror" in line]
     assert failed.endswith("failed: file too large for this system's file size limit")
 
 
@@ -1111,7 +1124,7 @@ def test_source_lines_name_the_cause_in_a_few_words(monkeypatch, tmp_path, capsy
     monkeypatch.setenv("HF_ENDPOINT", hub_url)
     with pytest.raises(DownloadError) as err:
         download_qwen3_small("base", out_dir=tmp_path, backup_url=mirror_url)
-    hub_line, mirror_line = failed_lines(capsys.readouterr().out, TOK)
+    hub_line, mirror_line = failed_lines(capsys.readouterr().err, TOK)
     host_port = hub_url.removeprefix("http://")
     assert hub_line == (
         f"{TOK}: Hugging Face Hub (HF_ENDPOINT={hub_url}) failed: "
@@ -1142,14 +1155,14 @@ def test_unresolvable_hosts_are_named(monkeypatch, tmp_path, capsys):
         "cannot resolve huggingface.co",
         "cannot resolve f001.backblazeb2.com",
     ]
-    out = capsys.readouterr().out
-    assert f"{TOK}: Hugging Face Hub (https://huggingface.co) failed: " in out
+    err = capsys.readouterr().err
+    assert f"{TOK}: Hugging Face Hub (https://huggingface.co) failed: " in err
 
 
 def test_silent_hosts_are_reported_as_timed_out(monkeypatch, tmp_path):
     monkeypatch.delenv("QWEN3_STANDIN", raising=False)
     monkeypatch.setenv(download.TIMEOUT_ENV, "0.5")
-    monkeypatch.setattr(download, "_BACKOFF", 0.01)
+    monkeypatch.setattr(download_sources, "_BACKOFF", 0.01)
     with SilentHost() as silent:
         monkeypatch.setenv("HF_ENDPOINT", silent.url)
         with pytest.raises(DownloadError) as err:
@@ -1321,7 +1334,7 @@ def test_progress_without_a_terminal_is_one_line_per_phase(
     err = capsys.readouterr().err
     assert "\r" not in err  # no bar redrawn with carriage returns
     for name in (TOK, MODEL):
-        lines = [line for line in err.splitlines() if line.startswith(f"{name}: ")]
+        lines = [x for x in said(err, "utils.http_watch:") if x.startswith(name)]
         assert len(lines) == 2, err
         assert lines[0].startswith(f"{name}: downloading ")
         assert lines[1].startswith(f"{name}: 100% of ") and " s (" in lines[1]
@@ -1335,7 +1348,7 @@ def test_progress_on_a_terminal_stays_a_bar():
             return True
 
     stream = Terminal()
-    bar = download._progress_class(None)(total=1000, file=stream, desc="x.json")
+    bar = http_watch.progress_class(None)(total=1000, file=stream, desc="x.json")
     for _ in range(10):
         bar.update(100)
     bar.close()

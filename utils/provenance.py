@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from utils.fileio import atomic_write_text
+from utils.log import get_logger
 from utils.qwen3_tokenizer import (
     NON_SPECIAL_ADDED_TOKENS,
     NUM_BPE_TOKENS,
@@ -46,6 +47,8 @@ MARK_KEY = "qwen3_standin"  # key in a stand-in checkpoint's `_metadata`
 MODEL_CONFIG: Mapping[str, Any] | None = None
 TOKENIZER_VOCAB = NUM_BPE_TOKENS  # BPE vocabulary; the added tokens follow it
 ADDED_TOKENS = SPECIAL_TOKENS + NON_SPECIAL_ADDED_TOKENS  # ids 151643 onwards
+
+log = get_logger(__name__)
 
 BANNER = (
     "*** STAND-IN WEIGHTS: random Qwen3-0.6B-shaped weights, not the real "
@@ -91,8 +94,9 @@ def is_standin(path: str | os.PathLike) -> bool:
 
 
 def print_standin_banner() -> None:
-    """Print the one-line warning that stand-in weights are in use."""
-    print(BANNER)
+    """Show the one-line warning that stand-in weights are in use (on
+    stderr, like every diagnostic: stdout holds only the reader's answer)."""
+    log.warning(BANNER)
 
 
 # --------------------------------------------------------------------------
@@ -110,7 +114,7 @@ def sniff(raw: bytes) -> str | None:
     if head.startswith(b"{"):
         try:
             data = json.loads(raw[:100_000].decode("utf-8", "replace"))
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         if isinstance(data, dict) and ("error" in data or "message" in data):
             detail = str(data.get("error") or data.get("message"))[:120]
@@ -161,6 +165,10 @@ def check_tokenizer(path: str | os.PathLike) -> str:
     raw = Path(path).read_bytes()
     try:
         data = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise IntegrityError(
+            f"JSON nested too deeply to be a tokenizer ({len(raw):,} bytes)"
+        ) from None
     except ValueError:
         what = sniff(raw)
         raise IntegrityError(
@@ -285,7 +293,7 @@ def is_verified(path: str | os.PathLike) -> bool:
         record.get(k) == v for k, v in now.items()
     ):
         return True
-    print(f"{path}: changed since it was verified; checking it again")
+    log.info(f"{path}: changed since it was verified; checking it again")
     if hash_file(path)["sha256"] != record["sha256"]:
         return False
     try:
