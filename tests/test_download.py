@@ -41,6 +41,14 @@ def tiny_expectations(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(download, "_MIN_TIMEOUT", 0.1)  # quick tests may wait less
 
 
+@pytest.fixture(autouse=True)
+def store(monkeypatch: pytest.MonkeyPatch, tmp_path_factory) -> Path:
+    """The model store of this test only (children started here get it too)."""
+    folder = tmp_path_factory.mktemp("store")
+    monkeypatch.setenv("QWEN3_MODEL_STORE", str(folder))
+    return folder
+
+
 @pytest.fixture
 def payloads() -> dict[str, bytes]:
     """Files that pass the content checks, a few hundred kB each."""
@@ -95,7 +103,7 @@ def leftovers(folder: Path) -> list[str]:
     )
 
 
-def test_primary_success(hosts, payloads, tmp_path, capsys, monkeypatch):
+def test_primary_success(hosts, payloads, tmp_path, capsys, monkeypatch, store):
     hub, cdn, mirror = hosts
     monkeypatch.setenv("TQDM_POSITION", "-1")  # hub bars on although stderr is no TTY
     files = download_qwen3_small("base", out_dir=tmp_path)
@@ -109,7 +117,9 @@ def test_primary_success(hosts, payloads, tmp_path, capsys, monkeypatch):
     assert record["size"] == len(payloads[MODEL])
     assert record["source"] == hub.url + HUB_PREFIX + MODEL
     captured = capsys.readouterr()
-    assert f"Saved {tmp_path / MODEL}" in captured.err and captured.out == ""
+    assert f"Saved {store / MODEL}" in captured.err and captured.out == ""
+    linked = f"{tmp_path / MODEL}: linked from the verified copy in {store}/"
+    assert linked in captured.err
     assert f"from the Hugging Face Hub: {hub.url}" in captured.err
     assert "100%" in captured.err  # the hub client's progress bars
 
@@ -180,32 +190,32 @@ def test_backup_resumes_dropped_connection(hosts, payloads, tmp_path, capsys):
     assert record["checked"] == "sha1 verified"  # from x-bz-info-large_file_sha1
 
 
-def test_backup_resumes_part_file_from_earlier_call(hosts, payloads, tmp_path):
+def test_backup_resumes_part_file_from_earlier_call(hosts, payloads, tmp_path, store):
     hub, cdn, mirror = hosts
     hub.resources.clear()
-    (tmp_path / f"{TOK}.part").write_bytes(payloads[TOK][:70_000])
+    (store / f"{TOK}.part").write_bytes(payloads[TOK][:70_000])
     files = download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
     assert_real(files, payloads)
     assert [g.headers.get("range") for g in mirror.seen("GET", TOK)] == ["bytes=70000-"]
 
 
-def test_backup_restarts_when_server_ignores_range(hosts, payloads, tmp_path):
+def test_backup_restarts_when_server_ignores_range(hosts, payloads, tmp_path, store):
     hub, cdn, mirror = hosts
     hub.resources.clear()
     mirror.resources[MIRROR_PREFIX + TOK].honour_range = False
-    (tmp_path / f"{TOK}.part").write_bytes(payloads[TOK][:70_000])
+    (store / f"{TOK}.part").write_bytes(payloads[TOK][:70_000])
     files = download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
     assert_real(files, payloads)  # not 70 kB of prefix + the whole file again
     # restarted on the 200 itself, not after a failed size check and a new GET
     assert range_starts(mirror.seen("GET", TOK)) == [70_000]
 
 
-def test_stale_part_file_is_discarded(hosts, payloads, tmp_path):
+def test_stale_part_file_is_discarded(hosts, payloads, tmp_path, store):
     """A .part that is not a prefix of the file fails the sha1 check after
     resuming; the download then starts over once and succeeds."""
     hub, cdn, mirror = hosts
     hub.resources.clear()
-    (tmp_path / f"{TOK}.part").write_bytes(os.urandom(70_000))
+    (store / f"{TOK}.part").write_bytes(os.urandom(70_000))
     files = download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
     assert_real(files, payloads)
     ranges = [g.headers.get("range") for g in mirror.seen("GET", TOK)]
@@ -709,6 +719,7 @@ print("OK", files.tokenizer, files.model)
 def child_env(hub: FakeHost, mirror: FakeHost) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("QWEN3_")}
     env.update(
+        QWEN3_MODEL_STORE=os.environ["QWEN3_MODEL_STORE"],
         HF_ENDPOINT=hub.url,
         QWEN3_BACKUP_URL=mirror.url + MIRROR_PREFIX.rstrip("/"),
         HF_HUB_OFFLINE="0",
@@ -750,7 +761,7 @@ def test_two_processes_share_one_folder(hosts, payloads, tmp_path):
 
 @pytest.mark.slow
 def test_hub_file_finished_before_a_kill_is_not_fetched_again(
-    hosts, payloads, tmp_path
+    hosts, payloads, tmp_path, store
 ):
     """A run killed after the transfer (while checking the file) leaves the
     finished file in the library's staging folder; the next run installs it
@@ -759,15 +770,15 @@ def test_hub_file_finished_before_a_kill_is_not_fetched_again(
     child = run_child(tmp_path, child_env(hub, mirror), "die-after-transfer", "tok")
     out = child.communicate(timeout=240)[0]
     assert child.returncode == 3, out
-    assert (tmp_path / f".{TOK}.hub" / TOK).read_bytes() == payloads[TOK]
-    stale = tmp_path / f".{TOK}.hub" / ".cache" / "x.incomplete"
+    assert (store / f".{TOK}.hub" / TOK).read_bytes() == payloads[TOK]
+    stale = store / f".{TOK}.hub" / ".cache" / "x.incomplete"
     stale.parent.mkdir(parents=True, exist_ok=True)
     stale.write_bytes(b"partial")  # what a kill mid-transfer leaves
     files = download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
     assert files.tokenizer.read_bytes() == payloads[TOK]
     assert is_verified(files.tokenizer)
     assert len(hub.seen("GET", TOK)) == 1  # the body was sent once in all
-    assert leftovers(tmp_path) == []  # staging folder and .part gone
+    assert leftovers(tmp_path) == [] == leftovers(store)  # staging folder gone
 
 
 def test_hub_failure_mid_transfer_leaves_nothing(hosts, payloads, tmp_path):
@@ -1024,6 +1035,7 @@ def test_short_rate_limits_are_waited_for_within_the_allowance(
 
     res.statuses = [429, 429, 429]
     sleeps.clear()
+    monkeypatch.setenv("QWEN3_MODEL_STORE", str(tmp_path / "another-store"))
     out = tmp_path / "second"
     files = download_qwen3_small("base", out_dir=out)
     assert_real(files, payloads)
@@ -1078,7 +1090,7 @@ download.download_qwen3_small("base", out_dir=sys.argv[1])
 @pytest.mark.slow
 @pytest.mark.skipif(os.name != "posix", reason="RLIMIT_FSIZE is POSIX")
 def test_part_file_left_by_a_full_disk_goes_once_the_hub_delivers(
-    hosts, payloads, tmp_path, monkeypatch
+    hosts, payloads, tmp_path, monkeypatch, store
 ):
     import subprocess
     import sys
@@ -1094,7 +1106,7 @@ def test_part_file_left_by_a_full_disk_goes_once_the_hub_delivers(
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode != 0, proc.stdout + proc.stderr
-    part = tmp_path / f"{MODEL}.part"
+    part = store / f"{MODEL}.part"
     assert 0 < part.stat().st_size <= limit  # kept: a resume can use it
     files = download_qwen3_small("base", out_dir=tmp_path)  # the Hub is up now
     assert_real(files, payloads)
@@ -1217,7 +1229,10 @@ def test_a_process_waiting_on_a_failed_download_carries_on(hosts, payloads, tmp_
     with pytest.raises(RuntimeError, match="holder fails"):
         with download._exclusive(out, TOK):
             child = run_child(out, env, what="tok")
-            assert "waiting" in child.stdout.readline()
+            said = []  # its download's lines, then the wait on the folder
+            while len(said) < 20 and "waiting" not in (said or [""])[-1]:
+                said.append(child.stdout.readline())
+            assert "waiting" in said[-1], said
             # Paused, so it cannot take the lock (and make a new lock file)
             # before the checks below; it carries on when continued.
             child.send_signal(signal.SIGSTOP)
@@ -1274,6 +1289,7 @@ download_qwen3_small("base", out_dir=sys.argv[1])
 def offline_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("QWEN3_")}
     env.update(
+        QWEN3_MODEL_STORE=str(tmp_path / "store"),
         HF_ENDPOINT=closed_port_url(),
         QWEN3_BACKUP_URL=closed_port_url(),
         PYTHONPATH=str(Path(__file__).resolve().parents[1]),

@@ -20,7 +20,7 @@ from utils.download import DownloadError, download_qwen3_small
 
 # the loopback hosts, their files and the tiny content checks (autouse)
 hosts, payloads = base.hosts, base.payloads
-tiny_expectations = base.tiny_expectations
+tiny_expectations, store = base.tiny_expectations, base.store
 
 
 def tree(folder: Path) -> dict[str, tuple[bytes | None, int]]:
@@ -53,6 +53,16 @@ def lines_naming(err: str, path: Path) -> list[str]:
     return [line for line in said(err) if str(path) in line]
 
 
+@pytest.fixture(params=["store", "out"])
+def where(request, tmp_path, store) -> tuple[Path, Path]:
+    """(the reader's folder, the folder to plant in): the model store, where
+    the download writes its working files, or the reader's folder, where
+    they may be left from before the store (removed when files are placed)."""
+    out = tmp_path / "qwen3"
+    out.mkdir()
+    return out, (store if request.param == "store" else out)
+
+
 # --------------------------------------------------------------------------
 # Links planted under the download's working names
 # --------------------------------------------------------------------------
@@ -61,16 +71,15 @@ def lines_naming(err: str, path: Path) -> list[str]:
 @pytest.mark.parametrize("name", [TOK, MODEL])
 @pytest.mark.parametrize("target", ["secret", "empty", "missing", "hardlink"])
 def test_a_planted_part_file_is_never_written_through(
-    hosts, payloads, tmp_path, elsewhere, capsys, name, target
+    hosts, payloads, where, elsewhere, capsys, name, target
 ):
     """`<name>.part` a link to another file (with bytes, empty, or not there
     yet) or a second name of it: the mirror's resumable download leaves the
     other file as it was and installs a plain file of its own."""
     hub, cdn, mirror = hosts
     hub.resources.clear()  # the mirror writes `.part`
-    out = tmp_path / "qwen3"
-    out.mkdir()
-    part = out / f"{name}.part"
+    out, folder = where
+    part = folder / f"{name}.part"
     if target == "hardlink":
         os.link(elsewhere / "secret", part)
     else:
@@ -79,20 +88,19 @@ def test_a_planted_part_file_is_never_written_through(
     files = download_qwen3_small("base", out_dir=out)
     assert_real(files, payloads)
     assert tree(elsewhere) == before  # bytes, modes, nothing added
-    assert not (out / name).is_symlink() and not os.path.lexists(part)
+    assert not (folder / name).is_symlink() and not os.path.lexists(part)
     assert (elsewhere / "secret").stat().st_nlink == 1
     [line] = lines_naming(capsys.readouterr().err, part)
     assert "removed" in line and "not touched" in line
 
 
 def test_a_planted_hub_staging_link_is_not_followed(
-    hosts, payloads, tmp_path, elsewhere, capsys
+    hosts, payloads, where, elsewhere, capsys
 ):
     """`.<name>.hub` a link to another folder: the Hub download neither
     writes `.cache/huggingface/` there nor deletes its `*.incomplete`."""
-    out = tmp_path / "qwen3"
-    out.mkdir()
-    staging = out / f".{TOK}.hub"
+    out, folder = where
+    staging = folder / f".{TOK}.hub"
     staging.symlink_to(elsewhere / "cache")
     before = tree(elsewhere)
     files = download_qwen3_small("base", tokenizer_only=True, out_dir=out)
@@ -106,12 +114,12 @@ def test_a_planted_hub_staging_link_is_not_followed(
 
 
 def test_a_link_inside_a_kept_staging_folder_is_not_followed(
-    hosts, payloads, tmp_path, elsewhere
+    hosts, payloads, where, elsewhere
 ):
     """A staging folder left by an earlier run whose `.cache` is a link:
     discarded, never written or cleaned through."""
-    out = tmp_path / "qwen3"
-    staging = out / f".{TOK}.hub"
+    out, folder = where
+    staging = folder / f".{TOK}.hub"
     staging.mkdir(parents=True)
     (staging / ".cache").symlink_to(elsewhere / "cache")
     before = tree(elsewhere)
@@ -122,13 +130,12 @@ def test_a_link_inside_a_kept_staging_folder_is_not_followed(
 
 
 def test_a_planted_lock_link_is_replaced_not_followed(
-    hosts, payloads, tmp_path, elsewhere, capsys
+    hosts, payloads, where, elsewhere, capsys
 ):
     """`.download.lock` a link: removed with one line, the download goes on
     (before, every run failed with "Too many levels of symbolic links")."""
-    out = tmp_path / "qwen3"
-    out.mkdir()
-    lock = out / download.LOCK_NAME
+    out, folder = where
+    lock = folder / download.LOCK_NAME
     lock.symlink_to(elsewhere / "secret")
     before = tree(elsewhere)
     files = download_qwen3_small("base", out_dir=out)

@@ -601,11 +601,11 @@ def measure_read_bandwidth(
 
 
 def _weights(
-    model_path: str | os.PathLike | None, out_dir: str | os.PathLike
+    model_path: str | os.PathLike | None, out_dir: str | os.PathLike | None
 ) -> tuple[Mapping[str, torch.Tensor], Path | None, bool]:
     """(state dict, tokenizer path or None, stand-in?) from `model_path` or
-    the download (stand-ins offline). Raises ValueError with one line for a
-    missing or unusable file."""
+    the download (stand-ins offline; `out_dir` None: the model store's own
+    files). Raises ValueError with one line for a missing or unusable file."""
     from utils.download import download_qwen3_small, local_files
     from utils.models import CheckpointError, read_checkpoint
 
@@ -1221,7 +1221,13 @@ def build_parser() -> CommandParser:
     )
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the text to continue")
     p.add_argument("--model-path", default=None, help="a book .pth file")
-    p.add_argument("--out-dir", default="qwen3", help="download folder")
+    p.add_argument(
+        "--out-dir",
+        default=None,
+        # "%(default).0s" prints nothing: no "(default: None)" in --help
+        help="folder to put the model files in (hard links to the per-user "
+        "model store); default: the store itself%(default).0s",
+    )
     p.add_argument("--json", default=None, metavar="PATH", help="write the rows")
     p.add_argument("--csv", default=None, metavar="PATH", help="write the rows")
     p.add_argument("--plot", default=None, metavar="PATH", help="bar chart (PNG)")

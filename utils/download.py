@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from utils import linksafe, provenance, settings, standin
-from utils.download_errors import describe_error, hints
+from utils import linksafe, model_store, provenance, settings, standin
+from utils.download_errors import describe_error, disk_reason, hints
 from utils.download_sources import (
     REPO_ID,
     from_backup,
@@ -51,7 +51,7 @@ from utils.download_sources import (
 from utils.fileio import temp_name_pattern
 from utils.http_watch import size_str
 from utils.log import get_logger
-from utils.provenance import is_verified
+from utils.provenance import IntegrityError, is_verified
 
 __all__ = [
     "BACKUP_URL",
@@ -158,37 +158,50 @@ def file_names(kind: str) -> tuple[str, str]:
 def download_qwen3_small(
     kind: str = "base",
     tokenizer_only: bool = False,
-    out_dir: str | os.PathLike = "qwen3",
+    out_dir: str | os.PathLike | None = "qwen3",
     *,
     backup_url: str | None = None,
 ) -> Qwen3Files:
-    """Make the Qwen3 0.6B tokenizer (and weights) for `kind` available; use
-    the returned paths.
+    """Make the Qwen3 0.6B tokenizer (and weights) for `kind` available in
+    `out_dir`; use the returned paths.
 
     kind: "base" or "reasoning". Files in `out_dir` with a valid verification
-    record are used without any network request. Otherwise the Hugging Face
-    repo `rasbt/qwen3-from-scratch` is tried (at `HF_ENDPOINT` if set), then the
-    book's backup mirror; `backup_url` (or env `QWEN3_BACKUP_URL`) replaces the
-    mirror's base URL. With `QWEN3_STANDIN=1`, offline stand-ins are provided
-    in `utils.standin.standin_files_dir()` instead (no network, `out_dir` is
-    left alone, `standin=True`). Raises `DownloadError` if all sources fail,
-    `NotAFolderError` if `out_dir` is a file.
+    record are used without any network request. Otherwise they come from
+    the per-user model store (`utils.model_store`: `QWEN3_MODEL_STORE`,
+    default `~/.cache/qwen3-ch02/models`), as a hard link where the file
+    system allows it, else a checked copy; no request is made when the
+    store holds a verified copy. What the store lacks is downloaded into it
+    first: the Hugging Face repo `rasbt/qwen3-from-scratch` (at `HF_ENDPOINT`
+    if set), then the book's backup mirror (`backup_url` or
+    `QWEN3_BACKUP_URL` replaces its base URL). A store that is read-only or
+    full is skipped (one line on stderr) and the files are downloaded into
+    `out_dir` itself. `out_dir=None` returns the store's own paths (what the
+    commands use by default).
+
+    With `QWEN3_STANDIN=1`, offline stand-ins are provided in
+    `utils.standin.standin_files_dir()` instead (no network, neither
+    `out_dir` nor the store is touched, `standin=True`). Raises
+    `DownloadError` if all sources fail, `NotAFolderError` if `out_dir` is a
+    file.
     """
     tok_name, model_name = file_names(kind)
     names = [tok_name] if tokenizer_only else [tok_name, model_name]
-    out = Path(out_dir)
+    out = None if out_dir is None else Path(out_dir)
     if standin.standin_enabled():
-        paths = standin.provide_standins(out, kind, names)
+        paths = standin.provide_standins(out or model_store.store_dir(), kind, names)
         return Qwen3Files(paths[0], paths[1] if len(paths) > 1 else None, True)
-    check_folder(out)
-    created = [p for p in (out, *out.parents) if not linksafe.lexists(p)]
-    out.mkdir(parents=True, exist_ok=True)
-    endpoint, backup = _endpoints(backup_url)
+    if out is not None:
+        check_folder(out)
+    made = (
+        []
+        if out is None
+        else [p for p in (out, *out.parents) if not linksafe.lexists(p)]
+    )
+    request = _Request(out, *_endpoints(backup_url), model_store.store_dir())
     try:
-        for name in names:
-            _ensure_file(out, name, endpoint, backup)
+        paths = [_provide(request, name) for name in names]
     except BaseException as exc:
-        for folder in created:  # only folders this call made, if left empty
+        for folder in made:  # only folders this call made, if left empty
             try:
                 folder.rmdir()
             except OSError:
@@ -196,11 +209,7 @@ def download_qwen3_small(
         if isinstance(exc, DownloadError):  # the message says it all
             raise exc.with_traceback(None) from None
         raise
-    return Qwen3Files(
-        tokenizer=out / tok_name,
-        model=None if tokenizer_only else out / model_name,
-        standin=False,
-    )
+    return Qwen3Files(paths[0], paths[1] if len(paths) > 1 else None, False)
 
 
 def check_folder(out: Path) -> None:
@@ -318,29 +327,110 @@ def _exclusive(out: Path, name: str) -> Iterator[None]:
         lock.release()
 
 
-def _ensure_file(out: Path, name: str, endpoint: str, backup: str) -> None:
-    dest = out / name
+@dataclass
+class _Request:
+    """One call of `download_qwen3_small`: the folder asked for (None: the
+    store's own paths), the sources, and the store (None once it proved
+    unable to keep the files)."""
+
+    out: Path | None
+    endpoint: str
+    backup: str
+    store: Path | None
+
+
+def _provide(request: _Request, name: str) -> Path:
+    """The verified file `name` where the caller asked for it: already
+    there; from the store (downloaded into it first if needed); or, when
+    the store's disk refuses, downloaded into `out` itself."""
+    out = request.out
+    if out is not None and is_verified(out / name):
+        return _ensure_file(out, name, request)  # no request; leftovers go
+    if request.store is not None:
+        try:
+            stored = _ensure_file(request.store, name, request, say=out is None)
+        except Exception as exc:
+            reason = disk_reason(exc)
+            if reason is None:
+                raise
+            _leave_store(request, reason)
+        else:
+            if out is None or _same_folder(out, stored.parent):
+                return stored
+            return _place(stored, out / name)
+    assert out is not None  # _leave_store raised otherwise
+    return _ensure_file(out, name, request)
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _leave_store(request: _Request, reason: str) -> None:
+    """Stop using the store for this call, saying so once; without a
+    folder of the caller's to fall back to, raise `StoreUnusableError`."""
+    store, request.store = request.store, None
+    if request.out is None:
+        raise model_store.StoreUnusableError(
+            f"cannot keep the model files in {store} ({reason}): set "
+            f"{model_store.STORE_ENV} to a folder you can write to, or name a "
+            "folder of your own (out_dir, or --out-dir in the commands)"
+        )
+    log.warning(
+        f"{store}: cannot keep the model files there ({reason}); "
+        f"downloading into {request.out} instead"
+    )
+
+
+def _place(stored: Path, dest: Path) -> Path:
+    """Link (or copy) the stored file to `dest`, holding the store's lock
+    (when it is writable: a link renews its record) and the folder's."""
+    writable = os.access(stored.parent, os.W_OK)
+    with (
+        _exclusive(stored.parent, stored.name)
+        if writable
+        else contextlib.nullcontext(),
+        _exclusive(dest.parent, dest.name),
+    ):
+        if not is_verified(stored):
+            raise IntegrityError(f"{stored} changed before it could be used; run again")
+        how = model_store.place(stored, dest)
+        _remove_leftovers(dest)
+    log.info(f"{dest}: {how} from the verified copy in {stored.parent}/")
+    return dest
+
+
+def _ensure_file(folder: Path, name: str, request: _Request, say: bool = True) -> Path:
+    """`folder/name`, verified: as it is, or downloaded (one process at a
+    time). `say`: log that it was already there."""
+    dest = folder / name
     verified = is_verified(dest)
     if verified and not _leftovers(dest):
-        log.info(f"{dest}: already downloaded and verified")
-        return
-    with _exclusive(out, name):
+        if say:
+            log.info(f"{dest}: already downloaded and verified")
+        return dest
+    with _exclusive(folder, name):
         if is_verified(dest):  # already, or another process finished it
             _remove_leftovers(dest)
-            log.info(
-                f"{dest}: already downloaded and verified"
-                if verified
-                else f"{dest}: downloaded and verified by another process"
-            )
-            return
-        for stale in out.glob(temp_name_pattern(dest)):  # never resumable
+            if say or not verified:
+                log.info(
+                    f"{dest}: already downloaded and verified"
+                    if verified
+                    else f"{dest}: downloaded and verified by another process"
+                )
+            return dest
+        for stale in folder.glob(temp_name_pattern(dest)):  # never resumable
             linksafe.remove_leftover(stale)
-        _download(dest, endpoint, backup)
+        _download(dest, request)
         _remove_leftovers(dest)
+    return dest
 
 
-def _download(dest: Path, endpoint: str, backup: str) -> None:
-    name = dest.name
+def _download(dest: Path, request: _Request) -> None:
+    name, endpoint, backup = dest.name, request.endpoint, request.backup
     timeout = download_timeout()
     hub_where = f"HF_ENDPOINT={endpoint}" if settings.text("HF_ENDPOINT") else endpoint
     sources: list[tuple[str, str, str, Callable[..., str]]] = [
@@ -364,4 +454,4 @@ def _download(dest: Path, endpoint: str, backup: str) -> None:
         size = size_str(dest.stat().st_size)
         log.info(f"Saved {dest} ({size}, {check}) from the {label}: {url}")
         return
-    raise DownloadError(name, attempts, dest.parent, causes)
+    raise DownloadError(name, attempts, request.out or dest.parent, causes)

@@ -6,7 +6,8 @@ importer of official checkpoints and the commands:
 * verification records: `.<name>.verified.json` beside a file holds its
   sha256, size and modification/change times once its content was checked,
   so later calls trust it without a network request (`is_verified`); a file
-  whose times changed is hashed and checked again first;
+  whose times changed is hashed and checked again first, unless it is a
+  hard link to the verified copy in the model store its record names;
 * stand-in markers: the sidecar `<name>.STANDIN.json` and the mark inside a
   stand-in checkpoint, so a stand-in is recognised even when copied without
   its sidecar (`is_standin`), and the banner that says one is in use;
@@ -293,6 +294,8 @@ def is_verified(path: str | os.PathLike) -> bool:
         record.get(k) == v for k, v in now.items()
     ):
         return True
+    if _linked_to_verified(path, record):
+        return True
     log.info(f"{path}: changed since it was verified; checking it again")
     if hash_file(path)["sha256"] != record["sha256"]:
         return False
@@ -303,3 +306,24 @@ def is_verified(path: str | os.PathLike) -> bool:
     with contextlib.suppress(OSError):  # a read-only folder still verifies
         write_record(path, {**record, "content": content})
     return True
+
+
+def _linked_to_verified(path: Path, record: Mapping[str, Any]) -> bool:
+    """Whether `path` is a hard link to the stored file its record names
+    (key "store", see `utils.model_store`) and that file is verified with
+    the same sha256. A link made for another folder moves the change time
+    the two names share, which is no change to the bytes; a write through
+    either name fails the stored file's own check."""
+    store = record.get("store")
+    if not isinstance(store, str):
+        return False
+    stored = Path(store)
+    try:
+        if stored == path or not os.path.samefile(path, stored):
+            return False
+    except OSError:
+        return False
+    other = read_record(stored)
+    if other is None or "store" in other or other["sha256"] != record["sha256"]:
+        return False
+    return is_verified(stored)
