@@ -94,6 +94,32 @@ def test_a_planted_part_file_is_never_written_through(
     assert "removed" in line and "not touched" in line
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX")
+def test_a_fifo_in_place_of_the_part_file_is_removed(hosts, payloads, where, capsys):
+    """A FIFO at `<name>.part` would block the open for writing forever
+    (nobody reads it); it is removed with one line instead."""
+    import signal
+
+    hub, cdn, mirror = hosts
+    hub.resources.clear()
+    out, folder = where
+    part = folder / f"{TOK}.part"
+    os.mkfifo(part)
+    def hung(signum, frame):
+        raise TimeoutError("the download blocked on the FIFO")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)  # a hang fails the test instead of the run
+    try:
+        files = download_qwen3_small("base", tokenizer_only=True, out_dir=out)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert_real(files, payloads)
+    [line] = lines_naming(capsys.readouterr().err, part)
+    assert "not a plain file" in line
+
+
 def test_a_planted_hub_staging_link_is_not_followed(
     hosts, payloads, where, elsewhere, capsys
 ):

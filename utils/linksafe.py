@@ -33,8 +33,9 @@ __all__ = [
 
 log = get_logger(__name__)
 
-_FLAGS = ("O_NOFOLLOW", "O_NONBLOCK", "O_CLOEXEC")  # where the system has them
-_BASE = os.O_WRONLY | sum(getattr(os, flag, 0) for flag in _FLAGS)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a planted FIFO cannot block the open
+_FLAGS = ("O_NOFOLLOW", "O_CLOEXEC")  # where the system has them
+_BASE = os.O_WRONLY | _NONBLOCK | sum(getattr(os, flag, 0) for flag in _FLAGS)
 
 
 def lexists(path: Path) -> bool:
@@ -94,7 +95,8 @@ def open_part(part: Path, append: bool) -> BinaryIO:
         with contextlib.suppress(FileNotFoundError):
             part.unlink()
         fd = os.open(part, _BASE | os.O_CREAT | os.O_EXCL, 0o644)
-    os.set_blocking(fd, True)
+    if _NONBLOCK:
+        os.set_blocking(fd, True)
     return os.fdopen(fd, "ab" if append else "wb")
 
 
