@@ -105,6 +105,7 @@ def test_a_fifo_in_place_of_the_part_file_is_removed(hosts, payloads, where, cap
     out, folder = where
     part = folder / f"{TOK}.part"
     os.mkfifo(part)
+
     def hung(signum, frame):
         raise TimeoutError("the download blocked on the FIFO")
 
