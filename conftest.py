@@ -4,7 +4,9 @@ This file sits at the repository root so pytest loads it for every run,
 including runs that collect only notebooks (`uv run pytest ch02/...ipynb`).
 Stand-in files go to a temporary folder this run owns (`QWEN3_STANDIN_DIR`),
 never to a `qwen3/` folder where a reader keeps real downloads; the CPU
-kernels are built into another one (`QWEN3_KERNEL_CACHE`), not into ~/.cache.
+kernels are built into another one (`QWEN3_KERNEL_CACHE`), and a test that
+downloads for real (from loopback hosts) keeps its files in a third
+(`QWEN3_MODEL_STORE`), not in ~/.cache.
 Inductor's compiled code goes to one folder per `ATEN_CPU_CAPABILITY`.
 """
 
@@ -25,6 +27,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for var, prefix in (
         ("QWEN3_STANDIN_DIR", "qwen3-standin-files-"),
         ("QWEN3_KERNEL_CACHE", "qwen3-kernels-"),
+        ("QWEN3_MODEL_STORE", "qwen3-model-store-"),
     ):
         if not os.environ.get(var):
             folder = tempfile.mkdtemp(prefix=prefix)  # private: mode 700

@@ -28,6 +28,8 @@ class Resource:
     trickle: for the first `trickle_gets` GETs, send one byte every `trickle`
         seconds (slow-loris), the headers too if `trickle_headers`; after
         `trickle_for` seconds the connection is closed.
+    length: the Content-Length to announce instead of the true one (a CDN
+        that lies about it); the connection closes after the body.
     """
 
     data: bytes = b""
@@ -43,6 +45,7 @@ class Resource:
     trickle_headers: bool = False
     trickle_gets: int = 1
     trickle_for: float = 10.0
+    length: int | None = None
 
 
 @dataclass
@@ -134,7 +137,9 @@ class FakeHost:
         headers = {**res.headers, "Accept-Ranges": "bytes"}
         if status == 206:
             headers["Content-Range"] = f"bytes {start}-{total - 1}/{total}"
-        headers["Content-Length"] = str(total - start)
+        headers["Content-Length"] = str(
+            total - start if res.length is None else res.length
+        )
         if trickle and res.trickle_headers:
             lines = [f"{k}: {v}" for k, v in headers.items()]
             raw = "\r\n".join([f"HTTP/1.1 {status} OK", *lines, "", ""]).encode()
@@ -147,7 +152,7 @@ class FakeHost:
             return
         if trickle:
             return self._dribble(h, payload, trickle, res.trickle_for)
-        if drop is not None:
+        if drop is not None or res.length is not None:
             h.wfile.write(payload[:drop])
             h.wfile.flush()
             h.close_connection = True

@@ -23,7 +23,7 @@ from tests.fake_hosts import (
     serve_like_hub,
 )
 from tests.tiny import tiny_config
-from utils import download, provenance, standin
+from utils import download, download_sources, http_watch, provenance, standin
 from utils.download import KINDS, DownloadError, Qwen3Files, download_qwen3_small
 from utils.provenance import is_verified
 
@@ -37,7 +37,16 @@ def tiny_expectations(monkeypatch: pytest.MonkeyPatch) -> None:
     """Content checks expect the tiny model and the fake tokenizer's size."""
     monkeypatch.setattr(provenance, "MODEL_CONFIG", TINY)
     monkeypatch.setattr(provenance, "TOKENIZER_VOCAB", VOCAB)
-    monkeypatch.setattr(download, "_BACKOFF", 0.01)
+    monkeypatch.setattr(download_sources, "_BACKOFF", 0.01)
+    monkeypatch.setattr(download, "_MIN_TIMEOUT", 0.1)  # quick tests may wait less
+
+
+@pytest.fixture(autouse=True)
+def store(monkeypatch: pytest.MonkeyPatch, tmp_path_factory) -> Path:
+    """The model store of this test only (children started here get it too)."""
+    folder = tmp_path_factory.mktemp("store")
+    monkeypatch.setenv("QWEN3_MODEL_STORE", str(folder))
+    return folder
 
 
 @pytest.fixture
@@ -94,7 +103,7 @@ def leftovers(folder: Path) -> list[str]:
     )
 
 
-def test_primary_success(hosts, payloads, tmp_path, capsys, monkeypatch):
+def test_primary_success(hosts, payloads, tmp_path, capsys, monkeypatch, store):
     hub, cdn, mirror = hosts
     monkeypatch.setenv("TQDM_POSITION", "-1")  # hub bars on although stderr is no TTY
     files = download_qwen3_small("base", out_dir=tmp_path)
@@ -108,8 +117,10 @@ def test_primary_success(hosts, payloads, tmp_path, capsys, monkeypatch):
     assert record["size"] == len(payloads[MODEL])
     assert record["source"] == hub.url + HUB_PREFIX + MODEL
     captured = capsys.readouterr()
-    assert f"Saved {tmp_path / MODEL}" in captured.out
-    assert f"from the Hugging Face Hub: {hub.url}" in captured.out
+    assert f"Saved {store / MODEL}" in captured.err and captured.out == ""
+    linked = f"{tmp_path / MODEL}: linked from the verified copy in {store}/"
+    assert linked in captured.err
+    assert f"from the Hugging Face Hub: {hub.url}" in captured.err
     assert "100%" in captured.err  # the hub client's progress bars
 
 
@@ -120,7 +131,8 @@ def test_verified_files_make_no_request(hosts, payloads, tmp_path, capsys):
     download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
     assert [len(h.seen()) for h in hosts] == before
     assert_real(files, payloads)
-    assert "already downloaded and verified" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "already downloaded and verified" in captured.err and captured.out == ""
 
 
 def test_tokenizer_only_and_reasoning_names(hosts, tmp_path):
@@ -172,38 +184,38 @@ def test_backup_resumes_dropped_connection(hosts, payloads, tmp_path, capsys):
     first, second = range_starts(mirror.seen("GET", MODEL))
     assert first is None and 0 < second <= 123_456
     captured = capsys.readouterr()
-    assert "backup mirror" in captured.out and mirror.url in captured.out
+    assert "backup mirror" in captured.err and mirror.url in captured.err
     assert "100%" in captured.err  # tqdm progress bar
     record = json.loads((tmp_path / f".{MODEL}.verified.json").read_text())
     assert record["checked"] == "sha1 verified"  # from x-bz-info-large_file_sha1
 
 
-def test_backup_resumes_part_file_from_earlier_call(hosts, payloads, tmp_path):
+def test_backup_resumes_part_file_from_earlier_call(hosts, payloads, tmp_path, store):
     hub, cdn, mirror = hosts
     hub.resources.clear()
-    (tmp_path / f"{TOK}.part").write_bytes(payloads[TOK][:70_000])
+    (store / f"{TOK}.part").write_bytes(payloads[TOK][:70_000])
     files = download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
     assert_real(files, payloads)
     assert [g.headers.get("range") for g in mirror.seen("GET", TOK)] == ["bytes=70000-"]
 
 
-def test_backup_restarts_when_server_ignores_range(hosts, payloads, tmp_path):
+def test_backup_restarts_when_server_ignores_range(hosts, payloads, tmp_path, store):
     hub, cdn, mirror = hosts
     hub.resources.clear()
     mirror.resources[MIRROR_PREFIX + TOK].honour_range = False
-    (tmp_path / f"{TOK}.part").write_bytes(payloads[TOK][:70_000])
+    (store / f"{TOK}.part").write_bytes(payloads[TOK][:70_000])
     files = download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
     assert_real(files, payloads)  # not 70 kB of prefix + the whole file again
     # restarted on the 200 itself, not after a failed size check and a new GET
     assert range_starts(mirror.seen("GET", TOK)) == [70_000]
 
 
-def test_stale_part_file_is_discarded(hosts, payloads, tmp_path):
+def test_stale_part_file_is_discarded(hosts, payloads, tmp_path, store):
     """A .part that is not a prefix of the file fails the sha1 check after
     resuming; the download then starts over once and succeeds."""
     hub, cdn, mirror = hosts
     hub.resources.clear()
-    (tmp_path / f"{TOK}.part").write_bytes(os.urandom(70_000))
+    (store / f"{TOK}.part").write_bytes(os.urandom(70_000))
     files = download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
     assert_real(files, payloads)
     ranges = [g.headers.get("range") for g in mirror.seen("GET", TOK)]
@@ -350,7 +362,8 @@ def test_standin_mode_makes_no_request(hosts, tmp_path, capsys, standin_env):
     assert all(provenance.is_standin(p) and not is_verified(p) for p in files)
     assert provenance.checkpoint_is_marked(files.model)
     assert all(h.seen() == [] for h in hosts)
-    assert capsys.readouterr().out.count(provenance.BANNER) == 2  # once per call
+    captured = capsys.readouterr()
+    assert captured.err.count(provenance.BANNER) == 2 and captured.out == ""
     assert not out.exists()  # the reader's folder is not even created
 
 
@@ -419,7 +432,7 @@ def test_standin_call_leaves_real_downloads_alone(
     assert provenance.is_standin(files.model) and provenance.is_standin(files.tokenizer)
     assert snapshot(real) == before  # byte for byte, nothing added or removed
     assert is_verified(real / TOK) and is_verified(real / MODEL)
-    assert f"nothing in {real}/ was touched" in capsys.readouterr().out
+    assert f"nothing in {real}/ was touched" in capsys.readouterr().err
 
 
 def test_standin_default_folder_is_in_the_cache(monkeypatch, tmp_path):
@@ -446,7 +459,7 @@ def test_standin_refuses_to_replace_a_verified_file(
         with pytest.raises(FileExistsError):
             write(real / name, "base")
     assert snapshot(real) == before
-    out = capsys.readouterr().out.splitlines()
+    out = said(capsys.readouterr().err)
     refusals = [line for line in out if "will not replace" in line]
     assert len(refusals) == 3 and str(real / TOK) in refusals[0]
 
@@ -615,7 +628,7 @@ def test_server_ignoring_range_and_dropping_gives_up_after_few_requests(
     with pytest.raises(DownloadError, match=TOK):
         download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
     gets = len(mirror.seen("GET", TOK))
-    assert 2 <= gets <= download._MAX_STALLS + 1, gets
+    assert 2 <= gets <= download_sources._MAX_STALLS + 1, gets
     assert not (tmp_path / TOK).exists()
 
 
@@ -625,7 +638,7 @@ def test_requests_are_capped_even_while_bytes_arrive(
     """A link that drops every few kB still makes progress; the cap ends it."""
     hub, cdn, mirror = hosts
     hub.resources.clear()
-    monkeypatch.setattr(download, "_MAX_REQUESTS", 2)
+    monkeypatch.setattr(download_sources, "_MAX_REQUESTS", 2)
     # each try brings one 64 kB read before the drop
     mirror.resources[MIRROR_PREFIX + TOK].drop_after = [70_000] * 1000
     with pytest.raises(DownloadError):
@@ -637,8 +650,8 @@ def test_backoff_doubles(hosts, tmp_path, monkeypatch):
     hub, cdn, mirror = hosts
     hub.resources.clear()
     pauses: list[float] = []
-    monkeypatch.setattr(download, "_BACKOFF", 1.0)
-    monkeypatch.setattr(download.time, "sleep", pauses.append)
+    monkeypatch.setattr(download_sources, "_BACKOFF", 1.0)
+    monkeypatch.setattr(download_sources.time, "sleep", pauses.append)
     with SilentHost() as silent:
         monkeypatch.setenv(download.TIMEOUT_ENV, "0.2")
         with pytest.raises(DownloadError):
@@ -706,6 +719,7 @@ print("OK", files.tokenizer, files.model)
 def child_env(hub: FakeHost, mirror: FakeHost) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("QWEN3_")}
     env.update(
+        QWEN3_MODEL_STORE=os.environ["QWEN3_MODEL_STORE"],
         HF_ENDPOINT=hub.url,
         QWEN3_BACKUP_URL=mirror.url + MIRROR_PREFIX.rstrip("/"),
         HF_HUB_OFFLINE="0",
@@ -747,7 +761,7 @@ def test_two_processes_share_one_folder(hosts, payloads, tmp_path):
 
 @pytest.mark.slow
 def test_hub_file_finished_before_a_kill_is_not_fetched_again(
-    hosts, payloads, tmp_path
+    hosts, payloads, tmp_path, store
 ):
     """A run killed after the transfer (while checking the file) leaves the
     finished file in the library's staging folder; the next run installs it
@@ -756,15 +770,15 @@ def test_hub_file_finished_before_a_kill_is_not_fetched_again(
     child = run_child(tmp_path, child_env(hub, mirror), "die-after-transfer", "tok")
     out = child.communicate(timeout=240)[0]
     assert child.returncode == 3, out
-    assert (tmp_path / f".{TOK}.hub" / TOK).read_bytes() == payloads[TOK]
-    stale = tmp_path / f".{TOK}.hub" / ".cache" / "x.incomplete"
+    assert (store / f".{TOK}.hub" / TOK).read_bytes() == payloads[TOK]
+    stale = store / f".{TOK}.hub" / ".cache" / "x.incomplete"
     stale.parent.mkdir(parents=True, exist_ok=True)
     stale.write_bytes(b"partial")  # what a kill mid-transfer leaves
     files = download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path)
     assert files.tokenizer.read_bytes() == payloads[TOK]
     assert is_verified(files.tokenizer)
     assert len(hub.seen("GET", TOK)) == 1  # the body was sent once in all
-    assert leftovers(tmp_path) == []  # staging folder and .part gone
+    assert leftovers(tmp_path) == [] == leftovers(store)  # staging folder gone
 
 
 def test_hub_failure_mid_transfer_leaves_nothing(hosts, payloads, tmp_path):
@@ -826,7 +840,7 @@ def test_hub_server_ignoring_range_and_dropping_is_abandoned(
     res.drop_after = [300_000] * 1000
     files = download_qwen3_small("base", out_dir=tmp_path)
     assert_real(files, payloads)
-    assert len(cdn.seen("GET", MODEL)) <= download._MAX_STALLS + 1
+    assert len(cdn.seen("GET", MODEL)) <= http_watch.MAX_RESTARTS + 1
     assert len(mirror.seen("GET", MODEL)) == 1
 
 
@@ -876,13 +890,23 @@ def test_notebook_run_under_nbval_leaves_real_downloads_alone(
 @pytest.fixture
 def quick_stall(monkeypatch: pytest.MonkeyPatch) -> None:
     """The stall rule at test scale: at least 1 kB in every second."""
-    monkeypatch.setattr(download, "_STALL_WINDOW", 1.0)
-    monkeypatch.setattr(download, "_STALL_MIN_BYTES", 1024)
+    monkeypatch.setattr(http_watch, "_STALL_WINDOW", 1.0)
+    monkeypatch.setattr(http_watch, "_STALL_MIN_BYTES", 1024)
     monkeypatch.setenv(download.TIMEOUT_ENV, "0.5")  # a byte every 0.1 s passes
 
 
-def source_lines(out: str, name: str) -> list[str]:
-    return [line for line in out.splitlines() if line.startswith(f"{name}: ")]
+def said(err: str, by: str = "utils.") -> list[str]:
+    """The lines the `utils` loggers (or the one named `by`) wrote into
+    `err`, without their prefix."""
+    return [
+        line.split(": ", 1)[1]
+        for line in err.splitlines()
+        if line.startswith(by) and ": " in line
+    ]
+
+
+def source_lines(err: str, name: str) -> list[str]:
+    return [line for line in said(err) if line.startswith(f"{name}: ")]
 
 
 def failed_lines(out: str, name: str) -> list[str]:
@@ -907,7 +931,7 @@ def test_slow_loris_on_the_hub_cdn_fails_over_to_the_mirror(
     assert mirror.seen("GET", MODEL) and len(cdn.seen("GET", MODEL)) == 1
     [failed] = [
         line
-        for line in source_lines(capsys.readouterr().out, MODEL)
+        for line in source_lines(capsys.readouterr().err, MODEL)
         if "failed" in line
     ]
     assert "Hugging Face Hub" in failed and "too slow" in failed
@@ -932,7 +956,7 @@ def test_slow_loris_on_the_mirror_ends_with_one_line(
     elapsed = time.monotonic() - start
     assert elapsed < 6, elapsed
     assert len(mirror.seen("GET", TOK)) == 1  # no retry of a stalled source
-    hub_failed, failed = failed_lines(capsys.readouterr().out, TOK)
+    hub_failed, failed = failed_lines(capsys.readouterr().err, TOK)
     assert "HTTP 404" in hub_failed
     assert "backup mirror" in failed and "too slow" in failed and "B/s" in failed
     assert "too slow" in err.value.attempts[-1][1]
@@ -964,11 +988,11 @@ def test_retry_after_an_hour_is_not_waited_for(
     files = download_qwen3_small("base", out_dir=tmp_path)
     assert_real(files, payloads)  # from the mirror
     assert mirror.seen("GET", MODEL)
-    assert max(sleeps, default=0) <= download._MAX_RATE_WAIT, sleeps
+    assert max(sleeps, default=0) <= download_sources._MAX_RATE_WAIT, sleeps
     assert len(cdn.seen("GET", MODEL)) == 1
     [failed] = [
         line
-        for line in source_lines(capsys.readouterr().out, MODEL)
+        for line in source_lines(capsys.readouterr().err, MODEL)
         if "failed" in line
     ]
     assert "HTTP 429" in failed and "asks to wait 3600 s" in failed
@@ -1001,7 +1025,7 @@ def test_short_rate_limits_are_waited_for_within_the_allowance(
     waits add up to at most `_MAX_RATE_WAIT`; the next one ends the Hub."""
     hub, cdn, mirror = hosts
     sleeps = fake_sleeps(monkeypatch)
-    monkeypatch.setattr(download, "_MAX_RATE_WAIT", 5.0)
+    monkeypatch.setattr(download_sources, "_MAX_RATE_WAIT", 5.0)
     res = cdn.resources[f"/cdn/{MODEL}"]
     res.headers["Retry-After"] = "2"
     res.statuses = [429]
@@ -1011,6 +1035,7 @@ def test_short_rate_limits_are_waited_for_within_the_allowance(
 
     res.statuses = [429, 429, 429]
     sleeps.clear()
+    monkeypatch.setenv("QWEN3_MODEL_STORE", str(tmp_path / "another-store"))
     out = tmp_path / "second"
     files = download_qwen3_small("base", out_dir=out)
     assert_real(files, payloads)
@@ -1065,7 +1090,7 @@ download.download_qwen3_small("base", out_dir=sys.argv[1])
 @pytest.mark.slow
 @pytest.mark.skipif(os.name != "posix", reason="RLIMIT_FSIZE is POSIX")
 def test_part_file_left_by_a_full_disk_goes_once_the_hub_delivers(
-    hosts, payloads, tmp_path, monkeypatch
+    hosts, payloads, tmp_path, monkeypatch, store
 ):
     import subprocess
     import sys
@@ -1081,13 +1106,13 @@ def test_part_file_left_by_a_full_disk_goes_once_the_hub_delivers(
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode != 0, proc.stdout + proc.stderr
-    part = tmp_path / f"{MODEL}.part"
+    part = store / f"{MODEL}.part"
     assert 0 < part.stat().st_size <= limit  # kept: a resume can use it
     files = download_qwen3_small("base", out_dir=tmp_path)  # the Hub is up now
     assert_real(files, payloads)
     assert cdn.seen("GET", MODEL) and not part.exists()
     assert leftovers(tmp_path) == []
-    [failed] = [line for line in failed_lines(proc.stdout, MODEL) if "mirror" in line]
+    [failed] = [line for line in failed_lines(proc.stderr, MODEL) if "mirror" in line]
     assert failed.endswith("failed: file too large for this system's file size limit")
 
 
@@ -1111,7 +1136,7 @@ def test_source_lines_name_the_cause_in_a_few_words(monkeypatch, tmp_path, capsy
     monkeypatch.setenv("HF_ENDPOINT", hub_url)
     with pytest.raises(DownloadError) as err:
         download_qwen3_small("base", out_dir=tmp_path, backup_url=mirror_url)
-    hub_line, mirror_line = failed_lines(capsys.readouterr().out, TOK)
+    hub_line, mirror_line = failed_lines(capsys.readouterr().err, TOK)
     host_port = hub_url.removeprefix("http://")
     assert hub_line == (
         f"{TOK}: Hugging Face Hub (HF_ENDPOINT={hub_url}) failed: "
@@ -1142,14 +1167,14 @@ def test_unresolvable_hosts_are_named(monkeypatch, tmp_path, capsys):
         "cannot resolve huggingface.co",
         "cannot resolve f001.backblazeb2.com",
     ]
-    out = capsys.readouterr().out
-    assert f"{TOK}: Hugging Face Hub (https://huggingface.co) failed: " in out
+    err = capsys.readouterr().err
+    assert f"{TOK}: Hugging Face Hub (https://huggingface.co) failed: " in err
 
 
 def test_silent_hosts_are_reported_as_timed_out(monkeypatch, tmp_path):
     monkeypatch.delenv("QWEN3_STANDIN", raising=False)
     monkeypatch.setenv(download.TIMEOUT_ENV, "0.5")
-    monkeypatch.setattr(download, "_BACKOFF", 0.01)
+    monkeypatch.setattr(download_sources, "_BACKOFF", 0.01)
     with SilentHost() as silent:
         monkeypatch.setenv("HF_ENDPOINT", silent.url)
         with pytest.raises(DownloadError) as err:
@@ -1204,7 +1229,10 @@ def test_a_process_waiting_on_a_failed_download_carries_on(hosts, payloads, tmp_
     with pytest.raises(RuntimeError, match="holder fails"):
         with download._exclusive(out, TOK):
             child = run_child(out, env, what="tok")
-            assert "waiting" in child.stdout.readline()
+            said = []  # its download's lines, then the wait on the folder
+            while len(said) < 20 and "waiting" not in (said or [""])[-1]:
+                said.append(child.stdout.readline())
+            assert "waiting" in said[-1], said
             # Paused, so it cannot take the lock (and make a new lock file)
             # before the checks below; it carries on when continued.
             child.send_signal(signal.SIGSTOP)
@@ -1261,6 +1289,7 @@ download_qwen3_small("base", out_dir=sys.argv[1])
 def offline_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("QWEN3_")}
     env.update(
+        QWEN3_MODEL_STORE=str(tmp_path / "store"),
         HF_ENDPOINT=closed_port_url(),
         QWEN3_BACKUP_URL=closed_port_url(),
         PYTHONPATH=str(Path(__file__).resolve().parents[1]),
@@ -1321,7 +1350,7 @@ def test_progress_without_a_terminal_is_one_line_per_phase(
     err = capsys.readouterr().err
     assert "\r" not in err  # no bar redrawn with carriage returns
     for name in (TOK, MODEL):
-        lines = [line for line in err.splitlines() if line.startswith(f"{name}: ")]
+        lines = [x for x in said(err, "utils.http_watch:") if x.startswith(name)]
         assert len(lines) == 2, err
         assert lines[0].startswith(f"{name}: downloading ")
         assert lines[1].startswith(f"{name}: 100% of ") and " s (" in lines[1]
@@ -1335,7 +1364,7 @@ def test_progress_on_a_terminal_stays_a_bar():
             return True
 
     stream = Terminal()
-    bar = download._progress_class(None)(total=1000, file=stream, desc="x.json")
+    bar = http_watch.progress_class(None)(total=1000, file=stream, desc="x.json")
     for _ in range(10):
         bar.update(100)
     bar.close()

@@ -493,7 +493,7 @@ def test_import_qwen3_gives_verified_files_with_transformers_logits(
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # would fail if used
     files = download_qwen3_small(kind, out_dir=out)
     assert (files.model, files.standin) == (model_path, False)
-    assert "already downloaded and verified" in capsys.readouterr().out
+    assert "already downloaded and verified" in capsys.readouterr().err
 
 
 def test_import_replaces_standins_and_refuses_wrong_folders(

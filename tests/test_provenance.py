@@ -152,7 +152,7 @@ def test_record_round_trip_and_a_changed_file(tmp_path, monkeypatch, capsys):
     assert provenance.is_verified(path)
     os.utime(path)  # touched: hashed and checked again, then trusted
     assert provenance.is_verified(path)
-    assert "checking it again" in capsys.readouterr().out
+    assert "checking it again" in capsys.readouterr().err
     with path.open("r+b") as f:  # same size, other bytes
         f.seek(10)
         f.write(b"#")

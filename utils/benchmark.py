@@ -145,11 +145,11 @@ def default_modes(device: torch.device) -> list[str]:
 
 
 def _weights(
-    model_path: str | os.PathLike | None, out_dir: str | os.PathLike
+    model_path: str | os.PathLike | None, out_dir: str | os.PathLike | None
 ) -> tuple[Mapping[str, torch.Tensor], Path | None, bool]:
     """(state dict, tokenizer path or None, stand-in?) from `model_path` or
-    the download (stand-ins offline). Raises ValueError with one line for a
-    missing or unusable file."""
+    the download (stand-ins offline; `out_dir` None: the model store's own
+    files). Raises ValueError with one line for a missing or unusable file."""
     from utils.download import download_qwen3_small, local_files
     from utils.models import CheckpointError, read_checkpoint
 
@@ -545,7 +545,12 @@ def build_parser() -> CommandParser:
         "--prompt", default=DEFAULT_PROMPT, type=utf8_text, help="the text to continue"
     )
     p.add_argument("--model-path", default=None, help="a book .pth file")
-    p.add_argument("--out-dir", default="qwen3", help="download folder")
+    p.add_argument(
+        "--out-dir",
+        default=None,
+        help="folder to put the model files in (hard links to the per-user "
+        "model store); default: the store itself",
+    )
     p.add_argument(
         "--json", metavar="PATH", help="write the rows (a file, or /dev/stdout)"
     )

@@ -96,8 +96,10 @@ def _add_common(p: argparse.ArgumentParser, default_tokens: int) -> None:
     )
     p.add_argument(
         "--out-dir",
-        default="qwen3",
-        help="folder for the model files (downloaded if missing)",
+        default=None,
+        help="folder to put the model files in (hard links to the verified "
+        "copies in the per-user model store, downloaded once); default: the "
+        "store itself, ~/.cache/qwen3-ch02/models or QWEN3_MODEL_STORE",
     )
     p.add_argument("--model-file", type=Path, help="use this .pth file directly")
     p.add_argument("--tokenizer-file", type=Path, help="use this tokenizer .json")
@@ -174,7 +176,12 @@ def _files(args: argparse.Namespace, kind: str) -> tuple[Path, Path, bool]:
             raise UsageError(str(exc)) from None
         assert tokenizer is not None
         return tokenizer, model, standin
-    where = f"could not get the {kind} model files into {args.out_dir}/"
+    if args.out_dir is None:
+        from utils.model_store import store_dir
+
+        where = f"could not get the {kind} model files into the store {store_dir()}/"
+    else:
+        where = f"could not get the {kind} model files into {args.out_dir}/"
     try:
         with contextlib.redirect_stdout(sys.stderr):
             files = download_qwen3_small(kind, out_dir=args.out_dir)

@@ -1,61 +1,74 @@
 """Get the book's Qwen3 0.6B files: tokenizer JSON and `.pth` weights.
 
-`download_qwen3_small` tries two sources, file by file:
-
-1. the Hugging Face repo `rasbt/qwen3-from-scratch` through `huggingface_hub`
-   (`HF_ENDPOINT`, `HF_HUB_DISABLE_XET` and `QWEN3_DOWNLOAD_TIMEOUT` are
-   applied at call time, so a mirror set in a running notebook works). The
-   library resumes a dropped connection within a call but discards a partial
-   file, so across runs only a finished file (kept in `.<name>.hub/` until
-   installed) is reused;
-2. the book's backup mirror on Backblaze B2, over plain HTTPS with `requests`,
-   resuming an interrupted download from `<name>.part` with HTTP Range.
+`download_qwen3_small` tries two sources, file by file (`utils.download_sources`):
+the Hugging Face repo `rasbt/qwen3-from-scratch` through `huggingface_hub`
+(`HF_ENDPOINT`, `HF_HUB_DISABLE_XET` and `QWEN3_DOWNLOAD_TIMEOUT` are applied
+at call time, so a mirror set in a running notebook works), then the book's
+backup mirror on Backblaze B2, resuming an interrupted download from
+`<name>.part` with HTTP Range.
 
 A file only appears under its final name once it is complete, matches the
 size and hash its source announced (where it announces one) and passes the
 content checks of `utils.provenance`, which also writes the verification
 record that lets later calls skip the network. Then its leftovers (`.part`,
-staging folder) go.
+staging folder) go; a link planted under one of those names is removed,
+never written through (`utils.linksafe`).
 
-Every wait is bounded: `QWEN3_DOWNLOAD_TIMEOUT` seconds of silence fail a try
-(default 10); retries back off and end after a few tries without new bytes; a
-source that sends less than `_STALL_MIN_BYTES` in `_STALL_WINDOW` seconds
-(slow-loris: a byte a second keeps every per-read timeout happy) is dropped
-for the next one; a rate limit asking to wait more than `_MAX_RATE_WAIT`
-seconds ends the source with a line that says when to try again. The stall
-rule needs a watchdog thread that closes the connection, since no per-read
-timeout of `requests` or `httpx` bounds a whole transfer; this module has
-that code because neither library offers it.
+Every wait is bounded (`utils.http_watch`): `QWEN3_DOWNLOAD_TIMEOUT` seconds
+of silence fail a try (default 10, from 1 to 3600); retries back off and end
+after a few tries without new bytes; a source that sends too little for too
+long (slow-loris) is dropped for the next one; a rate limit asking to wait
+longer than a minute in all ends the source with a line that says when to
+try again.
 
 A lock file (`.download.lock`) lets two processes share one folder; a failed
 download leaves nothing a later run cannot use (no empty folder, no lock
 file). With `QWEN3_STANDIN=1` no request is made: offline stand-ins are
 provided in a separate folder (see `utils.standin`), never in `out_dir`.
+Progress and diagnostics go to stderr through `utils.log`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
+import math
 import os
-import re
-import shutil
-import socket
-import sys
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
-from utils import provenance, standin
-from utils.fileio import atomic_move, temp_name_pattern
+from utils import linksafe, model_store, provenance, settings, standin
+from utils.download_errors import describe_error, disk_reason, hints
+from utils.download_sources import (
+    REPO_ID,
+    from_backup,
+    from_hub,
+    install,
+    staging_path,
+)
+from utils.fileio import temp_name_pattern
+from utils.http_watch import size_str
+from utils.log import get_logger
 from utils.provenance import IntegrityError, is_verified
 
-REPO_ID = "rasbt/qwen3-from-scratch"
+__all__ = [
+    "BACKUP_URL",
+    "KINDS",
+    "REPO_ID",
+    "DownloadError",
+    "NotAFolderError",
+    "Qwen3Files",
+    "download_qwen3_small",
+    "download_timeout",
+    "file_names",
+    "install_file",
+    "local_files",
+]
+
+log = get_logger(__name__)
+
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 BACKUP_URL = "https://f001.backblazeb2.com/file/reasoning-from-scratch/qwen3-0.6B"
 BACKUP_URL_ENV = "QWEN3_BACKUP_URL"
@@ -63,17 +76,10 @@ TIMEOUT_ENV = "QWEN3_DOWNLOAD_TIMEOUT"
 KINDS = ("base", "reasoning")
 LOCK_NAME = ".download.lock"
 
-_CHUNK = 1 << 16  # small reads: a dropped connection loses at most this much
-_HUB_CHUNK = 1 << 16  # the Hub client's read size (its own: 10 MB)
 _DEFAULT_TIMEOUT = 10.0  # seconds of silence before a try fails
-_MAX_STALLS = 3  # tries in a row that bring no new bytes end a source
-_MAX_REQUESTS = 60  # hard cap on GETs for one file from one source
-_BACKOFF = 1.0  # first pause between tries in seconds; doubles, up to 30 s
-_STALL_WINDOW = 30.0  # seconds over which a source must send ...
-_STALL_MIN_BYTES = 32 * 1024  # ... at least this much (else: next source)
-_MAX_RATE_WAIT = 60.0  # seconds of "Retry-After" the download accepts in all
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_HEX40 = re.compile(r"[0-9a-f]{40}")
+_MIN_TIMEOUT = 1.0  # the range QWEN3_DOWNLOAD_TIMEOUT may set
+_MAX_TIMEOUT = 3600.0
+_timeouts_said: set[str] = set()  # values already reported as not used as given
 
 
 @dataclass(frozen=True)
@@ -91,70 +97,23 @@ class Qwen3Files:
             yield self.model
 
 
-def local_files(
-    model: str | os.PathLike, tokenizer: str | os.PathLike | None
-) -> tuple[Path, Path | None, bool]:
-    """(model, tokenizer, standin) for files the reader names explicitly (the
-    CLI's --model-file, the benchmark's --model-path): checks they exist and
-    prints the stand-in banner when the weights are a stand-in (sidecar or the
-    mark inside the checkpoint). Raises FileNotFoundError naming the path."""
-    paths = [Path(model)] + ([] if tokenizer is None else [Path(tokenizer)])
-    for path in paths:
-        if not path.is_file():
-            raise FileNotFoundError(f"file not found: {path}")
-    is_standin = provenance.is_standin(paths[0])
-    if is_standin:
-        provenance.print_standin_banner()
-    return paths[0], (paths[1] if tokenizer is not None else None), is_standin
-
-
-def _hints(out_dir: str | os.PathLike, kind: str) -> str:
-    official = "Qwen3-0.6B-Base" if kind == "base" else "Qwen3-0.6B"
-    also = (
-        "\n    Notebook 01 also loads the reasoning tokenizer: import Qwen3-0.6B the"
-        "\n    same way, with --kind reasoning."
-        if kind == "base"
-        else ""
-    )
-    command = (
-        "uv run python -m utils.hf_interop import-qwen3 FOLDER "
-        f"--kind {kind} --out-dir {Path(out_dir).absolute()}"
-    )
-    return f"""\
-What you can try:
-  * Behind a proxy: set HTTPS_PROXY / HTTP_PROXY. If your network inspects TLS
-    (company certificate), point REQUESTS_CA_BUNDLE and SSL_CERT_FILE at a CA
-    bundle that contains that certificate.
-  * A source answered with a web page instead of the file: a captive portal or
-    login page (hotel, campus, company Wi-Fi). Open any web page in a browser,
-    log in, then run this again.
-  * Hugging Face blocked or slow where you are (e.g. mainland China): set
-    HF_ENDPOINT to a Hugging Face mirror, e.g. HF_ENDPOINT=https://hf-mirror.com,
-    and HF_HUB_DISABLE_XET=1 (Xet transfers may bypass the mirror).
-  * Slow network: allow more seconds of silence, e.g. QWEN3_DOWNLOAD_TIMEOUT=60
-    (it applies to both sources).
-  * The official checkpoints (Qwen/Qwen3-0.6B-Base, Qwen/Qwen3-0.6B) are also on
-    ModelScope (modelscope.cn). Download the Qwen/{official} folder and
-    convert it into the book's verified files (in the repository):
-      {command}{also}
-  * Offline testing only: QWEN3_STANDIN=1 writes stand-ins instead, i.e. the real
-    tokenizer and RANDOM weights of the real shape (gibberish text, NOT the model)."""
-
-
 class DownloadError(RuntimeError):
     """No source could deliver a file. `str()` is the whole message: each URL
     tried with what went wrong, then `hint` (what to try). Jupyter shows only
-    this message, without a traceback (`_render_traceback_`)."""
+    this message, without a traceback (`_render_traceback_`). `causes`
+    holds each source's exception, in the order tried."""
 
     def __init__(
         self,
         name: str,
         attempts: list[tuple[str, str]],
         out_dir: str | os.PathLike = "qwen3",
+        causes: list[BaseException] | None = None,
     ) -> None:
         self.name = name
         self.attempts = list(attempts)
-        self.hint = _hints(out_dir, "reasoning" if "reasoning" in name else "base")
+        self.causes = list(causes or [])
+        self.hint = hints(out_dir, "reasoning" if "reasoning" in name else "base")
         tried = "\n".join(f"  - {url}\n      {err}" for url, err in attempts)
         super().__init__(
             f"Could not download {name} from any source. Tried:\n{tried}\n{self.hint}"
@@ -165,8 +124,26 @@ class DownloadError(RuntimeError):
         return f"{type(self).__name__}: {self}".splitlines()
 
 
-class SourceGaveUp(OSError):
-    """A source was abandoned: too slow, or it asks to wait too long."""
+class NotAFolderError(NotADirectoryError, ValueError):
+    """`out_dir` is (or lies under) a file. A ValueError too, so the
+    commands report it as a usage error in one line."""
+
+
+def local_files(
+    model: str | os.PathLike, tokenizer: str | os.PathLike | None
+) -> tuple[Path, Path | None, bool]:
+    """(model, tokenizer, standin) for files the reader names explicitly (the
+    CLI's --model-file, the benchmark's --model-path): checks they exist and
+    shows the stand-in banner when the weights are a stand-in (sidecar or the
+    mark inside the checkpoint). Raises FileNotFoundError naming the path."""
+    paths = [Path(model)] + ([] if tokenizer is None else [Path(tokenizer)])
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(f"file not found: {path}")
+    is_standin = provenance.is_standin(paths[0])
+    if is_standin:
+        provenance.print_standin_banner()
+    return paths[0], (paths[1] if tokenizer is not None else None), is_standin
 
 
 def file_names(kind: str) -> tuple[str, str]:
@@ -181,37 +158,50 @@ def file_names(kind: str) -> tuple[str, str]:
 def download_qwen3_small(
     kind: str = "base",
     tokenizer_only: bool = False,
-    out_dir: str | os.PathLike = "qwen3",
+    out_dir: str | os.PathLike | None = "qwen3",
     *,
     backup_url: str | None = None,
 ) -> Qwen3Files:
-    """Make the Qwen3 0.6B tokenizer (and weights) for `kind` available; use
-    the returned paths.
+    """Make the Qwen3 0.6B tokenizer (and weights) for `kind` available in
+    `out_dir`; use the returned paths.
 
     kind: "base" or "reasoning". Files in `out_dir` with a valid verification
-    record are used without any network request. Otherwise the Hugging Face
-    repo `rasbt/qwen3-from-scratch` is tried (at `HF_ENDPOINT` if set), then the
-    book's backup mirror; `backup_url` (or env `QWEN3_BACKUP_URL`) replaces the
-    mirror's base URL. With `QWEN3_STANDIN=1`, offline stand-ins are provided
-    in `utils.standin.standin_files_dir()` instead (no network, `out_dir` is
-    left alone, `standin=True`). Raises `DownloadError` if all sources fail.
+    record are used without any network request. Otherwise they come from
+    the per-user model store (`utils.model_store`: `QWEN3_MODEL_STORE`,
+    default `~/.cache/qwen3-ch02/models`), as a hard link where the file
+    system allows it, else a checked copy; no request is made when the
+    store holds a verified copy. What the store lacks is downloaded into it
+    first: the Hugging Face repo `rasbt/qwen3-from-scratch` (at `HF_ENDPOINT`
+    if set), then the book's backup mirror (`backup_url` or
+    `QWEN3_BACKUP_URL` replaces its base URL). A store that is read-only or
+    full is skipped (one line on stderr) and the files are downloaded into
+    `out_dir` itself. `out_dir=None` returns the store's own paths (what the
+    commands use by default).
+
+    With `QWEN3_STANDIN=1`, offline stand-ins are provided in
+    `utils.standin.standin_files_dir()` instead (no network, neither
+    `out_dir` nor the store is touched, `standin=True`). Raises
+    `DownloadError` if all sources fail, `NotAFolderError` if `out_dir` is a
+    file.
     """
     tok_name, model_name = file_names(kind)
     names = [tok_name] if tokenizer_only else [tok_name, model_name]
-    out = Path(out_dir)
+    out = None if out_dir is None else Path(out_dir)
     if standin.standin_enabled():
-        paths = standin.provide_standins(out, kind, names)
+        paths = standin.provide_standins(out or model_store.store_dir(), kind, names)
         return Qwen3Files(paths[0], paths[1] if len(paths) > 1 else None, True)
-
-    created = [p for p in (out, *out.parents) if not p.exists()]  # deepest first
-    out.mkdir(parents=True, exist_ok=True)
-    endpoint = (os.environ.get("HF_ENDPOINT") or DEFAULT_HF_ENDPOINT).rstrip("/")
-    backup = (backup_url or os.environ.get(BACKUP_URL_ENV) or BACKUP_URL).rstrip("/")
+    if out is not None:
+        check_folder(out)
+    made = (
+        []
+        if out is None
+        else [p for p in (out, *out.parents) if not linksafe.lexists(p)]
+    )
+    request = _Request(out, *_endpoints(backup_url), model_store.store_dir())
     try:
-        for name in names:
-            _ensure_file(out, name, endpoint, backup)
+        paths = [_provide(request, name) for name in names]
     except BaseException as exc:
-        for folder in created:  # only folders this call made, if left empty
+        for folder in made:  # only folders this call made, if left empty
             try:
                 folder.rmdir()
             except OSError:
@@ -219,20 +209,58 @@ def download_qwen3_small(
         if isinstance(exc, DownloadError):  # the message says it all
             raise exc.with_traceback(None) from None
         raise
-    return Qwen3Files(
-        tokenizer=out / tok_name,
-        model=None if tokenizer_only else out / model_name,
-        standin=False,
-    )
+    return Qwen3Files(paths[0], paths[1] if len(paths) > 1 else None, False)
+
+
+def check_folder(out: Path) -> None:
+    """Raise `NotAFolderError` (one line: what to do) if `out`, or the
+    nearest part of it that exists, is not a folder."""
+    for path in (out, *out.parents):
+        if linksafe.lexists(path):
+            if path.is_dir():
+                return
+            what = "a file" if path.is_file() else "not a folder"
+            raise NotAFolderError(
+                f"{path} is {what}, so {out} cannot be the folder for the model "
+                "files: choose another folder (out_dir, or --out-dir in the "
+                f"commands), or move {path} away"
+            )
+
+
+def _endpoints(backup_url: str | None) -> tuple[str, str]:
+    """(Hub endpoint, mirror base URL) as set now."""
+    endpoint = (settings.text("HF_ENDPOINT") or DEFAULT_HF_ENDPOINT).rstrip("/")
+    backup = backup_url or settings.text(BACKUP_URL_ENV) or BACKUP_URL
+    return endpoint, backup.rstrip("/")
 
 
 def download_timeout() -> float:
-    """Seconds of silence after which one try fails (`QWEN3_DOWNLOAD_TIMEOUT`)."""
-    value = os.environ.get(TIMEOUT_ENV, "").strip()
-    try:
-        return float(value) if value and float(value) > 0 else _DEFAULT_TIMEOUT
-    except ValueError:
+    """Seconds of silence after which one try fails: `QWEN3_DOWNLOAD_TIMEOUT`
+    from 1 to 3600 (default 10). A value outside that range, or not a number,
+    is replaced (said once on stderr per value): `0`, `inf` and anything above
+    3600 by 3600, anything below 1 by 1, the rest by the default."""
+    raw = settings.text(TIMEOUT_ENV)
+    if raw is None:
         return _DEFAULT_TIMEOUT
+    value, why = _parse_timeout(raw)
+    if why is not None and raw not in _timeouts_said:
+        _timeouts_said.add(raw)
+        log.warning(f"{TIMEOUT_ENV}={raw} {why}; using {value:g} s")
+    return value
+
+
+def _parse_timeout(raw: str) -> tuple[float, str | None]:
+    try:
+        seconds = float(raw)
+    except ValueError:
+        return _DEFAULT_TIMEOUT, "is not a number of seconds"
+    if math.isnan(seconds) or seconds < 0:
+        return _DEFAULT_TIMEOUT, "is not a number of seconds"
+    if seconds == 0 or seconds > _MAX_TIMEOUT:
+        return _MAX_TIMEOUT, f"asks for no limit or more than {_MAX_TIMEOUT:g} s"
+    if seconds < _MIN_TIMEOUT:
+        return _MIN_TIMEOUT, f"is less than {_MIN_TIMEOUT:g} s"
+    return seconds, None
 
 
 # --------------------------------------------------------------------------
@@ -243,42 +271,22 @@ def download_timeout() -> float:
 def install_file(staged: Path, dest: Path, source: str, check: str) -> None:
     """Check a file obtained another way (e.g. converted from the official
     checkpoints), move it to `dest` and record it as verified."""
-    _install(staged, dest, source, check, provenance.hash_file(staged)["sha256"])
-
-
-def _install(staged: Path, dest: Path, source: str, check: str, sha256: str) -> None:
-    """Check the content of a downloaded file, then move it into place, drop
-    any stand-in mark and write the record. Raises `IntegrityError` first if
-    the content is not the book's file (nothing is installed then)."""
-    content = provenance.check_content(staged, dest.name)
-    provenance.record_path(dest).unlink(missing_ok=True)
-    atomic_move(staged, dest)
-    provenance.sidecar_path(dest).unlink(missing_ok=True)
-    provenance.write_record(
-        dest, {"sha256": sha256, "checked": check, "source": source, "content": content}
-    )
+    install(staged, dest, source, check, provenance.hash_file(staged)["sha256"])
 
 
 def _leftovers(dest: Path) -> list[Path]:
-    """What earlier tries left beside `dest`: `.part`, Hub staging, temp files."""
-    found = [dest.with_name(dest.name + ".part"), dest.with_name(f".{dest.name}.hub")]
-    return [p for p in found if p.exists()] + list(
+    """What earlier tries left beside `dest`: `.part`, Hub staging, temp
+    files (links at those names included, dangling or not)."""
+    found = [dest.with_name(dest.name + ".part"), staging_path(dest)]
+    return [p for p in found if linksafe.lexists(p)] + list(
         dest.parent.glob(temp_name_pattern(dest))
     )
 
 
 def _remove_leftovers(dest: Path) -> None:
     for path in _leftovers(dest):
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-
-
-def _size_str(n: float) -> str:
-    if n >= 1e5:
-        return f"{n / 1e6:.1f} MB"
-    return f"{n / 1e3:.1f} kB" if n >= 1e3 else f"{n:.0f} B"
+        linksafe.clear_planted(path)  # a link: said in one line
+        linksafe.remove_leftover(path)
 
 
 @contextlib.contextmanager
@@ -287,7 +295,8 @@ def _exclusive(out: Path, name: str) -> Iterator[None]:
     while another process downloads into `out`). After a failure the lock
     file goes (filelock re-checks, after locking, that the file it locked is
     still the one at that path, so a process waiting on it tries again), and
-    a folder removed meanwhile is made again."""
+    a folder removed meanwhile is made again. A link planted at the lock's
+    name is removed first (filelock refuses to open one)."""
     from filelock import FileLock, Timeout
 
     said, races = False, 0
@@ -295,10 +304,11 @@ def _exclusive(out: Path, name: str) -> Iterator[None]:
         lock = FileLock(out / LOCK_NAME)
         try:
             out.mkdir(parents=True, exist_ok=True)
+            linksafe.clear_planted(out / LOCK_NAME)
             lock.acquire(timeout=-1 if said else 0)
             break
         except Timeout:
-            print(f"{out / name}: another process is downloading into {out}; waiting")
+            log.info(f"{out / name}: another process downloads into {out}; waiting")
             said = True
         except (FileNotFoundError, FileExistsError):
             # A failed run removed the empty folder while we (or filelock's
@@ -317,695 +327,131 @@ def _exclusive(out: Path, name: str) -> Iterator[None]:
         lock.release()
 
 
-def _ensure_file(out: Path, name: str, endpoint: str, backup: str) -> None:
-    dest = out / name
+@dataclass
+class _Request:
+    """One call of `download_qwen3_small`: the folder asked for (None: the
+    store's own paths), the sources, and the store (None once it proved
+    unable to keep the files)."""
+
+    out: Path | None
+    endpoint: str
+    backup: str
+    store: Path | None
+
+
+def _provide(request: _Request, name: str) -> Path:
+    """The verified file `name` where the caller asked for it: already
+    there; from the store (downloaded into it first if needed); or, when
+    the store's disk refuses, downloaded into `out` itself."""
+    out = request.out
+    if out is not None and is_verified(out / name):
+        return _ensure_file(out, name, request)  # no request; leftovers go
+    if request.store is not None:
+        try:
+            stored = _ensure_file(request.store, name, request, say=out is None)
+        except Exception as exc:
+            reason = disk_reason(exc)
+            if reason is None:
+                raise
+            _leave_store(request, reason)
+        else:
+            if out is None or _same_folder(out, stored.parent):
+                return stored
+            return _place(stored, out / name)
+    assert out is not None  # _leave_store raised otherwise
+    return _ensure_file(out, name, request)
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _leave_store(request: _Request, reason: str) -> None:
+    """Stop using the store for this call, saying so once; without a
+    folder of the caller's to fall back to, raise `StoreUnusableError`."""
+    store, request.store = request.store, None
+    if request.out is None:
+        raise model_store.StoreUnusableError(
+            f"cannot keep the model files in {store} ({reason}): set "
+            f"{model_store.STORE_ENV} to a folder you can write to, or name a "
+            "folder of your own (out_dir, or --out-dir in the commands)"
+        )
+    log.warning(
+        f"{store}: cannot keep the model files there ({reason}); "
+        f"downloading into {request.out} instead"
+    )
+
+
+def _place(stored: Path, dest: Path) -> Path:
+    """Link (or copy) the stored file to `dest`, holding the store's lock
+    (when it is writable: a link renews its record) and the folder's."""
+    writable = os.access(stored.parent, os.W_OK)
+    with (
+        _exclusive(stored.parent, stored.name)
+        if writable
+        else contextlib.nullcontext(),
+        _exclusive(dest.parent, dest.name),
+    ):
+        if not is_verified(stored):
+            raise IntegrityError(f"{stored} changed before it could be used; run again")
+        how = model_store.place(stored, dest)
+        _remove_leftovers(dest)
+    log.info(f"{dest}: {how} from the verified copy in {stored.parent}/")
+    return dest
+
+
+def _ensure_file(folder: Path, name: str, request: _Request, say: bool = True) -> Path:
+    """`folder/name`, verified: as it is, or downloaded (one process at a
+    time). `say`: log that it was already there."""
+    dest = folder / name
     verified = is_verified(dest)
     if verified and not _leftovers(dest):
-        print(f"{dest}: already downloaded and verified")
-        return
-    with _exclusive(out, name):
+        if say:
+            log.info(f"{dest}: already downloaded and verified")
+        return dest
+    with _exclusive(folder, name):
         if is_verified(dest):  # already, or another process finished it
             _remove_leftovers(dest)
-            print(
-                f"{dest}: already downloaded and verified"
-                if verified
-                else f"{dest}: downloaded and verified by another process"
-            )
-            return
-        for stale in out.glob(temp_name_pattern(dest)):  # never resumable
-            stale.unlink(missing_ok=True)
-        _download(dest, endpoint, backup)
+            if say or not verified:
+                log.info(
+                    f"{dest}: already downloaded and verified"
+                    if verified
+                    else f"{dest}: downloaded and verified by another process"
+                )
+            return dest
+        for stale in folder.glob(temp_name_pattern(dest)):  # never resumable
+            linksafe.remove_leftover(stale)
+        _download(dest, request)
         _remove_leftovers(dest)
+    return dest
 
 
-def _download(dest: Path, endpoint: str, backup: str) -> None:
-    name = dest.name
+def _download(dest: Path, request: _Request) -> None:
+    name, endpoint, backup = dest.name, request.endpoint, request.backup
     timeout = download_timeout()
-    hub_where = f"HF_ENDPOINT={endpoint}" if os.environ.get("HF_ENDPOINT") else endpoint
+    hub_where = f"HF_ENDPOINT={endpoint}" if settings.text("HF_ENDPOINT") else endpoint
     sources: list[tuple[str, str, str, Callable[..., str]]] = [
         ("Hugging Face Hub", hub_where, f"{endpoint}/{REPO_ID}/resolve/main/{name}",
-         _from_hub),
+         from_hub),
         ("backup mirror", urlsplit(backup).netloc or backup, f"{backup}/{name}",
-         _from_backup),
+         from_backup),
     ]  # fmt: skip
     attempts: list[tuple[str, str]] = []
+    causes: list[BaseException] = []
     for label, where, url, fetch in sources:
         if attempts:
-            print(f"{name}: trying the {label} ({url})")
+            log.info(f"{name}: trying the {label} ({url})")
         try:
             check = fetch(url, dest, endpoint, timeout)
         except Exception as exc:  # noqa: BLE001 - each source's error is reported
             attempts.append((url, describe_error(exc, url, timeout)))
-            print(f"{name}: {label} ({where}) failed: {attempts[-1][1]}")
+            causes.append(exc)
+            log.info(f"{name}: {label} ({where}) failed: {attempts[-1][1]}")
             continue
-        size = _size_str(dest.stat().st_size)
-        print(f"Saved {dest} ({size}, {check}) from the {label}: {url}")
+        size = size_str(dest.stat().st_size)
+        log.info(f"Saved {dest} ({size}, {check}) from the {label}: {url}")
         return
-    raise DownloadError(name, attempts, dest.parent)
-
-
-# --------------------------------------------------------------------------
-# What went wrong, in a few words
-# --------------------------------------------------------------------------
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """`exc` and every exception it wraps (causes, contexts, `reason`s and
-    exception arguments, as requests and urllib3 nest them), outermost first."""
-    seen: list[BaseException] = []
-    todo: list[Any] = [exc]
-    while todo:
-        e = todo.pop(0)
-        if not isinstance(e, BaseException) or any(e is s for s in seen):
-            continue
-        seen.append(e)
-        todo += [e.__cause__, e.__context__, getattr(e, "reason", None), *e.args]
-    return seen
-
-
-def _host(chain: list[BaseException], url: str) -> str:
-    """The host an error was about: the request's, else the URL's."""
-    for e in chain:
-        with contextlib.suppress(Exception):  # httpx raises if no request
-            return str(e.request.url.host)  # type: ignore[attr-defined]
-        host = getattr(getattr(e, "conn", None), "host", None)
-        if isinstance(host, str):
-            return host
-    return urlsplit(url).hostname or url
-
-
-def _http_status(chain: list[BaseException], host: str) -> str | None:
-    """ "HTTP 404 Not Found from <host>" for the first error that carries a
-    response (with when to try again, if a 429/503 says)."""
-    for e in chain:
-        response = getattr(e, "response", None)
-        code = getattr(response, "status_code", None)
-        if isinstance(code, int):
-            reason = getattr(response, "reason_phrase", None) or getattr(
-                response, "reason", ""
-            )
-            text = f"HTTP {code} {reason or ''}".strip() + f" from {host}"
-            wait = _retry_after(response.headers) if code in (429, 503) else None
-            return text if wait is None else f"{text}; it {_wait_text(wait)}"
-    return None
-
-
-def describe_error(exc: BaseException, url: str, timeout: float) -> str:
-    """The innermost cause of a failed try in a few words, e.g. "cannot
-    resolve huggingface.co", "connection refused by 127.0.0.1:9", "timed out
-    after 10 s", "HTTP 404 Not Found", or what a check found wrong."""
-    chain = _chain(exc)
-    for e in chain:  # our own errors already say it in one line
-        if isinstance(e, (IntegrityError, SourceGaveUp)):
-            return str(e)
-    host = _host(chain, url)
-    text = " ".join(str(e) for e in chain)
-    errnos = {getattr(e, "errno", None) for e in chain}
-    if errnos & {errno.ENOSPC, errno.EDQUOT}:
-        return "no space left on the disk"
-    if errno.EFBIG in errnos:
-        return "file too large for this system's file size limit"
-    if any(isinstance(e, socket.gaierror) for e in chain) or re.search(
-        r"Name or service not known|nodename nor servname|getaddrinfo failed|"
-        r"[Nn]ame resolution|NameResolution",
-        text,
-    ):
-        return f"cannot resolve {host}"
-    if any(isinstance(e, ConnectionRefusedError) for e in chain) or (
-        "Connection refused" in text or errno.ECONNREFUSED in errnos
-    ):
-        port = urlsplit(url).port
-        return f"connection refused by {host}" + (f":{port}" if port else "")
-    if any(isinstance(e, (TimeoutError, socket.timeout)) for e in chain) or any(
-        "Timeout" in type(e).__name__ for e in chain
-    ):
-        return f"timed out after {timeout:g} s (no answer from {host})"
-    if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
-        return f"the TLS certificate of {host} is not trusted (see the CA hint below)"
-    status = _http_status(chain, host)
-    if status:
-        return status
-    if any(isinstance(e, ConnectionResetError) for e in chain):
-        return f"connection reset by {host}"
-    inner = chain[-1] if chain else exc
-    words = f"{type(inner).__name__}: {str(inner).strip()}".split()
-    short = " ".join(words)
-    return short if len(short) <= 120 else short[:117].rsplit(" ", 1)[0] + " ..."
-
-
-# --------------------------------------------------------------------------
-# Bounded transfers: the stall watchdog and the progress bars
-# --------------------------------------------------------------------------
-
-
-class StallWatch:
-    """Fails a transfer that brings fewer than `min_bytes` in any `window`
-    seconds: a watchdog thread runs the registered closers (which shut the
-    connection, waking the blocked read) and every later `check()` raises
-    `SourceGaveUp` with the rate seen. `pause(s)` exempts an announced wait."""
-
-    def __init__(self, window: float, min_bytes: int) -> None:
-        self.window, self.min_bytes = window, min_bytes
-        self.verdict: str | None = None
-        self._events: deque[tuple[float, int]] = deque()
-        self._since = time.monotonic()
-        self._closers: list[Callable[[], object]] = []
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> StallWatch:
-        self._since = time.monotonic()
-        self._thread.start()
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self._done.set()
-        self._thread.join()
-        if self.verdict is not None and isinstance(exc, Exception):
-            raise SourceGaveUp(self.verdict) from None
-
-    def count(self, n: float) -> None:
-        """`n` bytes arrived (negative: the client rewound; ignored)."""
-        if n > 0:
-            with self._lock:
-                self._events.append((time.monotonic(), int(n)))
-
-    def pause(self, seconds: float) -> None:
-        """A wait the source announced: the window starts again after it."""
-        with self._lock:
-            self._since = max(self._since, time.monotonic() + seconds)
-            self._events.clear()
-
-    def on_trip(self, closer: Callable[[], object]) -> None:
-        with self._lock:
-            self._closers.append(closer)
-        if self.verdict is not None:
-            _quietly(closer)
-
-    def check(self) -> None:
-        if self.verdict is not None:
-            raise SourceGaveUp(self.verdict)
-
-    def _judge(self) -> str | None:
-        now = time.monotonic()
-        with self._lock:
-            if now - self._since < self.window:
-                return None
-            while self._events and self._events[0][0] < now - self.window:
-                self._events.popleft()
-            got = sum(n for _, n in self._events)
-        if got >= self.min_bytes:
-            return None
-        return (
-            f"too slow: {_size_str(got)} in the last {self.window:g} s "
-            f"({_size_str(got / self.window)}/s; the least accepted is "
-            f"{_size_str(self.min_bytes)} per {self.window:g} s)"
-        )
-
-    def _run(self) -> None:
-        while not self._done.wait(min(0.5, self.window / 4)):
-            verdict = self._judge()
-            if verdict is not None:
-                self.verdict = verdict
-                with self._lock:
-                    closers = list(self._closers)
-                for closer in closers:
-                    _quietly(closer)
-                return
-
-
-def _quietly(closer: Callable[[], object]) -> None:
-    with contextlib.suppress(Exception):
-        closer()
-
-
-def _shutdown(sock: socket.socket | None) -> None:
-    """Wake a read blocked on `sock` in another thread (close alone does not)."""
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-
-def _watch(timeout: float) -> StallWatch:
-    # a reader who allows more seconds of silence gets a longer window too
-    return StallWatch(max(_STALL_WINDOW, 2 * timeout), _STALL_MIN_BYTES)
-
-
-def _progress_class(watch: StallWatch | None, name: str | None = None) -> type:
-    """A huggingface_hub progress bar class (so the library's switches that
-    turn bars off still apply) that feeds `watch`, ends a transfer whose
-    server ignores HTTP Range and keeps dropping the connection (the library
-    would restart from byte 0 for as long as some bytes arrive each time),
-    and, when its stream is not a terminal (a log file, CI), prints one line
-    when it starts and one when it ends instead of a bar redrawn with
-    carriage returns (naming the file `name`). In Jupyter the usual widget
-    stays."""
-    from huggingface_hub.utils import are_progress_bars_disabled
-    from huggingface_hub.utils import tqdm as hub_tqdm
-
-    class Progress(hub_tqdm):
-        restarts = 0
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            off = kwargs.get("disable") is True or are_progress_bars_disabled(
-                kwargs.get("name")
-            )
-            self._lines = not off and _plain_stream(kwargs.get("file"), type(self))
-            if self._lines:
-                kwargs["disable"] = True
-            self._count = int(kwargs.get("initial") or 0)
-            self._started = time.monotonic()
-            self._ended = False
-            self._label = name or kwargs.get("desc") or "download"
-            self._stream = kwargs.get("file") or sys.stderr
-            super().__init__(*args, **kwargs)
-            if self._lines:
-                total = kwargs.get("total")
-                self._say(f"downloading {_size_str(total)}" if total else "downloading")
-
-        def _say(self, text: str) -> None:
-            print(f"{self._label}: {text}", file=self._stream, flush=True)
-
-        def update(self, n: float | None = 1) -> bool | None:
-            if n is not None and n < 0:  # the library rewinds: a restart
-                self.restarts += 1
-                if self.restarts >= _MAX_STALLS:
-                    raise IntegrityError(
-                        f"the server ignores HTTP Range and dropped the "
-                        f"connection {self.restarts + 1} times; gave up"
-                    )
-            if n is not None:
-                self._count += int(n)
-                if watch is not None:
-                    watch.count(n)
-            return super().update(n)
-
-        def reset(self, total: float | None = None) -> None:
-            self._count = 0
-            super().reset(total)
-
-        def close(self) -> None:
-            if self._lines and not self._ended:
-                self._ended = True
-                secs = time.monotonic() - self._started
-                total = self.total or 0
-                if total and self._count >= total:
-                    rate = _size_str(self._count / max(secs, 1e-3))
-                    self._say(f"100% of {_size_str(total)} in {secs:.1f} s ({rate}/s)")
-                else:
-                    of = f" of {_size_str(total)}" if total else ""
-                    self._say(
-                        f"stopped at {_size_str(self._count)}{of} after {secs:.1f} s"
-                    )
-            super().close()
-
-    return Progress
-
-
-def _plain_stream(file: Any, cls: type) -> bool:
-    """True when bars would go to something that is not a terminal and not
-    a Jupyter output (where tqdm shows a widget)."""
-    if any(c.__module__.startswith("tqdm.notebook") for c in cls.__mro__):
-        return False
-    stream = file if file is not None else sys.stderr
-    isatty = getattr(stream, "isatty", None)
-    try:
-        return not (callable(isatty) and isatty())
-    except (OSError, ValueError):
-        return True
-
-
-# --------------------------------------------------------------------------
-# Source 1: Hugging Face Hub
-# --------------------------------------------------------------------------
-
-
-def _retry_after(headers: Any) -> float | None:
-    """Seconds a 429/503 asks to wait (Retry-After, or RateLimit with none
-    remaining), if it says."""
-    value = (headers.get("retry-after") or "").strip()
-    if value.isdigit():
-        return float(value)
-    if value:
-        from email.utils import parsedate_to_datetime
-
-        with contextlib.suppress(TypeError, ValueError):
-            return max(parsedate_to_datetime(value).timestamp() - time.time(), 0.0)
-    with contextlib.suppress(ImportError):
-        from huggingface_hub.utils import parse_ratelimit_headers
-
-        info = parse_ratelimit_headers(headers)
-        if info is not None and info.remaining == 0:
-            return float(info.reset_in_seconds)
-    return None
-
-
-def _wait_text(wait: float) -> str:
-    """ "asks to wait N s; try again after HH:MM (local time)"."""
-    when = time.strftime("%H:%M", time.localtime(time.time() + wait))
-    return f"asks to wait {wait:.0f} s; try again after {when} (local time)"
-
-
-class _HubGuard:
-    """Event hooks for huggingface_hub's HTTP client during one transfer: no
-    new request once the watch tripped, the connection registered with the
-    watch, and a rate limit that asks to wait longer than the download's
-    remaining allowance ends the source instead of a sleep of hours (the
-    library's `_http_backoff_base` in `huggingface_hub/utils/_http.py`
-    sleeps Retry-After + 1 s, up to 5 times, for the GET of a file too)."""
-
-    def __init__(self, watch: StallWatch) -> None:
-        self.watch = watch
-        self.allowance = _MAX_RATE_WAIT
-
-    def on_request(self, request: Any) -> None:
-        self.watch.check()
-
-    def on_response(self, response: Any) -> None:
-        self.watch.check()
-        stream = response.extensions.get("network_stream")
-        with contextlib.suppress(Exception):
-            sock = stream.get_extra_info("socket")
-            self.watch.on_trip(lambda: _shutdown(sock))
-        if response.status_code not in (429, 503):
-            return
-        wait = _retry_after(response.headers)
-        if wait is None:
-            return  # the library's own backoff: a few seconds
-        if wait > self.allowance:
-            what = (
-                "is rate-limiting this machine"
-                if response.status_code == 429
-                else "is unavailable"
-            )
-            raise SourceGaveUp(
-                f"{response.request.url.host} {what} (HTTP {response.status_code}) "
-                f"and {_wait_text(wait)}"
-            )
-        self.allowance -= wait + 1
-        self.watch.pause(wait + 1)  # huggingface_hub sleeps wait + 1 s
-
-
-@contextlib.contextmanager
-def _hub_settings(timeout: float, guard: _HubGuard) -> Iterator[None]:
-    """Apply, for one call, what huggingface_hub only reads when first
-    imported: `QWEN3_DOWNLOAD_TIMEOUT` (its `HF_HUB_DOWNLOAD_TIMEOUT` and
-    `HF_HUB_ETAG_TIMEOUT`), `HF_HUB_DISABLE_XET` as set now (left alone when
-    unset), small reads (so progress, and the stall rule, see every 64 kB),
-    and `guard`'s hooks on the HTTP client (where the library has
-    `set_client_factory`). Everything is restored afterwards."""
-    import huggingface_hub
-    from huggingface_hub import constants
-    from huggingface_hub.utils import _http
-
-    saved = {
-        k: getattr(constants, k)
-        for k in ("HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_ETAG_TIMEOUT",
-                  "DOWNLOAD_CHUNK_SIZE", "HF_HUB_DISABLE_XET")
-    }  # fmt: skip
-    constants.HF_HUB_DOWNLOAD_TIMEOUT = timeout
-    constants.HF_HUB_ETAG_TIMEOUT = timeout
-    constants.DOWNLOAD_CHUNK_SIZE = min(saved["DOWNLOAD_CHUNK_SIZE"], _HUB_CHUNK)
-    xet = os.environ.get("HF_HUB_DISABLE_XET")
-    if xet is not None:
-        constants.HF_HUB_DISABLE_XET = xet.strip().upper() in {"1", "ON", "YES", "TRUE"}
-    previous = getattr(_http, "_GLOBAL_CLIENT_FACTORY", None)
-    set_factory = getattr(huggingface_hub, "set_client_factory", None)
-
-    def factory() -> Any:
-        client = previous()  # type: ignore[misc]
-        hooks = client.event_hooks
-        client.event_hooks = {
-            "request": [*hooks.get("request", []), guard.on_request],
-            "response": [*hooks.get("response", []), guard.on_response],
-        }
-        guard.watch.on_trip(client.close)
-        return client
-
-    hooked = previous is not None and set_factory is not None
-    if hooked:
-        set_factory(factory)
-    try:
-        yield
-    finally:
-        if hooked:
-            set_factory(previous)
-        for key, value in saved.items():
-            setattr(constants, key, value)
-
-
-def _from_hub(url: str, dest: Path, endpoint: str, timeout: float) -> str:
-    """Fetch `dest.name` with huggingface_hub into `.<name>.hub/` beside it,
-    check it against the size and ETag the Hub announced, then install it.
-
-    Within a call the library resumes dropped connections itself. A file it
-    finished stays in the staging folder until installed, so a run stopped
-    before that reuses it without a new transfer (huggingface_hub discards a
-    partial transfer, so across runs a file restarts from its first byte).
-    """
-    from huggingface_hub import get_hf_file_metadata, hf_hub_download
-
-    staging = dest.with_name(f".{dest.name}.hub")
-    for leftover in staging.rglob("*.incomplete"):  # from a killed run
-        leftover.unlink(missing_ok=True)
-    watch = _watch(timeout)
-    try:
-        with watch, _hub_settings(timeout, _HubGuard(watch)):
-            meta = get_hf_file_metadata(url, endpoint=endpoint, timeout=timeout)
-            staged = Path(
-                hf_hub_download(
-                    REPO_ID,
-                    dest.name,
-                    revision="main",
-                    local_dir=staging,
-                    endpoint=endpoint,
-                    etag_timeout=timeout,
-                    tqdm_class=_progress_class(watch, dest.name),
-                )
-            )
-    except BaseException:
-        if not (staging / dest.name).is_file():  # nothing worth keeping
-            shutil.rmtree(staging, ignore_errors=True)
-        raise
-    try:
-        return _check_hub_file(staged, dest, url, meta)
-    finally:  # installed, or not worth keeping: either way start clean
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _check_hub_file(staged: Path, dest: Path, url: str, meta: Any) -> str:
-    size = staged.stat().st_size
-    if meta.size is not None and size != meta.size:
-        raise IntegrityError(f"got {size} bytes, the Hub announced {meta.size}")
-    hashes = provenance.hash_file(staged)
-    etag = (meta.etag or "").lower()
-    if _HEX64.fullmatch(etag):  # LFS file: ETag is the sha256 of the content
-        check, expected, actual = "sha256 verified", etag, hashes["sha256"]
-    elif _HEX40.fullmatch(etag):  # regular git file: ETag is the git blob id
-        check, expected, actual = "git blob sha1 verified", etag, hashes["git"]
-    else:
-        check, expected, actual = "size verified", "", ""
-    if expected != actual:
-        raise IntegrityError(f"content hash {actual} != ETag {expected}")
-    _install(staged, dest, url, check, hashes["sha256"])
-    return check
-
-
-# --------------------------------------------------------------------------
-# Source 2: the book's backup mirror (plain HTTPS, resumable)
-# --------------------------------------------------------------------------
-
-
-def _announced_sha1(headers: Any) -> str | None:
-    """The whole-file sha1 a Backblaze B2 response announces, if any."""
-    for key in ("x-bz-content-sha1", "x-bz-info-large_file_sha1"):
-        value = (headers.get(key) or "").strip().lower()
-        value = value.removeprefix("unverified:")
-        if _HEX40.fullmatch(value):
-            return value
-    return None
-
-
-def _from_backup(url: str, dest: Path, endpoint: str, timeout: float) -> str:
-    """Download `url` into `<name>.part` (resuming with Range), check size,
-    announced sha1 and content, then install it. A fresh start is tried once
-    if a resumed file fails the check."""
-    part = dest.with_name(dest.name + ".part")
-    resumed = part.is_file() and part.stat().st_size > 0
-    try:
-        with _watch(timeout) as watch:
-            total, sha1 = _fetch_resumable(url, part, timeout, watch)
-        return _check_and_install(part, dest, url, total, sha1)
-    except IntegrityError:
-        part.unlink(missing_ok=True)
-        if not resumed:
-            raise
-    with _watch(timeout) as watch:
-        total, sha1 = _fetch_resumable(url, part, timeout, watch)
-    try:
-        return _check_and_install(part, dest, url, total, sha1)
-    except IntegrityError:
-        part.unlink(missing_ok=True)
-        raise
-
-
-def _check_and_install(
-    part: Path, dest: Path, url: str, total: int | None, sha1: str | None
-) -> str:
-    size = part.stat().st_size
-    if total is not None and size != total:
-        raise IntegrityError(f"got {size} bytes, the server announced {total}")
-    hashes = provenance.hash_file(part)
-    if sha1 is not None and hashes["sha1"] != sha1:
-        raise IntegrityError(f"content sha1 {hashes['sha1']} != announced {sha1}")
-    check = "sha1 verified" if sha1 else "content checked (no hash announced)"
-    _install(part, dest, url, check, hashes["sha256"])
-    return check
-
-
-def _watched_session(watch: StallWatch) -> Any:
-    """A requests session whose connections register their socket with
-    `watch`, so a stall shuts them even while headers trickle in."""
-    import requests
-    from requests.adapters import HTTPAdapter
-    from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-
-    def watched(pool_cls: type) -> type:
-        class Connection(pool_cls.ConnectionCls):  # type: ignore[name-defined]
-            def connect(self) -> None:
-                super().connect()
-                sock = self.sock
-                watch.on_trip(lambda: _shutdown(sock))
-
-        return type(pool_cls.__name__, (pool_cls,), {"ConnectionCls": Connection})
-
-    pools = {"http": watched(HTTPConnectionPool), "https": watched(HTTPSConnectionPool)}
-
-    class Adapter(HTTPAdapter):
-        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-            super().init_poolmanager(*args, **kwargs)
-            self.poolmanager.pool_classes_by_scheme = pools
-
-        def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
-            manager = super().proxy_manager_for(proxy, **kwargs)
-            if type(manager).__name__ == "ProxyManager":  # not SOCKS
-                manager.pool_classes_by_scheme = pools
-            return manager
-
-    session = requests.Session()
-    for prefix in ("http://", "https://"):
-        session.mount(prefix, Adapter())
-    return session
-
-
-def _body(response: Any) -> Iterator[bytes]:
-    """The body as it arrives (each network read), so the watch sees it."""
-    read1 = getattr(response.raw, "read1", None)
-    if read1 is None:  # urllib3 1.x
-        yield from response.iter_content(_CHUNK)
-        return
-    while chunk := read1(_CHUNK, decode_content=True):
-        yield chunk
-
-
-def _fetch_resumable(
-    url: str, part: Path, timeout: float, watch: StallWatch
-) -> tuple[int | None, str | None]:
-    """Append the rest of `url` to `part`; retry dropped connections from where
-    they stopped, with exponential backoff. Gives up after `_MAX_STALLS` tries
-    in a row that bring no byte beyond the most the file ever had, or after
-    `_MAX_REQUESTS` requests. Returns (total size, announced sha1)."""
-    import requests
-    import urllib3
-
-    dropped = (
-        requests.exceptions.ConnectionError,
-        requests.exceptions.ChunkedEncodingError,
-        requests.exceptions.Timeout,
-        urllib3.exceptions.ProtocolError,
-        urllib3.exceptions.ReadTimeoutError,
-    )
-    stalls = requests_made = 0
-    best = part.stat().st_size if part.is_file() else 0
-    bar: list[Any] = []  # the progress bar, made on the first answer
-    try:
-        with _watched_session(watch) as session:
-            while True:
-                watch.check()
-                requests_made += 1
-                try:
-                    return _get_once(session, url, part, timeout, watch, bar)
-                except dropped:
-                    watch.check()  # a stall, not a dropped connection
-                    if not part.is_file():  # gone (416): start counting anew
-                        best = 0
-                    now = part.stat().st_size if part.is_file() else 0
-                    stalls = 0 if now > best else stalls + 1
-                    best = max(best, now)
-                    if stalls >= _MAX_STALLS or requests_made >= _MAX_REQUESTS:
-                        raise
-                    pause = min(_BACKOFF * 2 ** max(stalls - 1, 0), 30.0)
-                    watch.pause(pause)
-                    time.sleep(pause)
-    finally:
-        for b in bar:
-            b.close()
-
-
-def _get_once(
-    session: Any, url: str, part: Path, timeout: float, watch: StallWatch,
-    bar: list[Any],
-) -> tuple[int | None, str | None]:  # fmt: skip
-    """One GET from where `part` ends. The progress bar is made on the first
-    answer (into the list `bar`) and reset on later ones."""
-    import requests
-
-    have = part.stat().st_size if part.is_file() else 0
-    headers = {"Accept-Encoding": "identity"}
-    if have:
-        headers["Range"] = f"bytes={have}-"
-    with session.get(
-        url, headers=headers, stream=True, timeout=(timeout, timeout)
-    ) as r:
-        if r.status_code == 416:  # part is not a prefix of the file
-            part.unlink(missing_ok=True)
-            raise requests.exceptions.ConnectionError("416 on resume")
-        r.raise_for_status()
-        total, mode = _plan_write(r, have)
-        sha1 = _announced_sha1(r.headers)
-        start = have if mode == "ab" else 0
-        if not bar:
-            bar.append(
-                _progress_class(None)(
-                    total=total, initial=start, unit="B", unit_scale=True,
-                    unit_divisor=1024, desc=part.name.removesuffix(".part"),
-                )
-            )  # fmt: skip
-        else:
-            bar[0].reset(total=total)
-            bar[0].update(start)
-        with part.open(mode) as f:
-            for chunk in _body(r):
-                f.write(chunk)
-                watch.count(len(chunk))
-                bar[0].update(len(chunk))
-        return total, sha1
-
-
-def _plan_write(response: Any, have: int) -> tuple[int | None, str]:
-    """From a GET response, the file's total size and how to open `.part`:
-    append for a matching 206, truncate for a 200 (server ignored Range)."""
-    if response.status_code == 206:
-        m = re.fullmatch(
-            r"bytes (\d+)-(\d+)/(\d+|\*)",
-            response.headers.get("Content-Range", "").strip(),
-        )
-        if m is None or int(m.group(1)) != have:
-            raise IntegrityError(
-                f"unexpected Content-Range {response.headers.get('Content-Range')!r} "
-                f"for a request from byte {have}"
-            )
-        return (None if m.group(3) == "*" else int(m.group(3))), "ab"
-    length = response.headers.get("Content-Length")
-    return (int(length) if length is not None else None), "wb"
+    raise DownloadError(name, attempts, request.out or dest.parent, causes)

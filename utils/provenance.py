@@ -6,7 +6,8 @@ importer of official checkpoints and the commands:
 * verification records: `.<name>.verified.json` beside a file holds its
   sha256, size and modification/change times once its content was checked,
   so later calls trust it without a network request (`is_verified`); a file
-  whose times changed is hashed and checked again first;
+  whose times changed is hashed and checked again first, unless it is a
+  hard link to the verified copy in the model store its record names;
 * stand-in markers: the sidecar `<name>.STANDIN.json` and the mark inside a
   stand-in checkpoint, so a stand-in is recognised even when copied without
   its sidecar (`is_standin`), and the banner that says one is in use;
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from utils.fileio import atomic_write_text
+from utils.log import get_logger
 from utils.qwen3_tokenizer import (
     NON_SPECIAL_ADDED_TOKENS,
     NUM_BPE_TOKENS,
@@ -46,6 +48,8 @@ MARK_KEY = "qwen3_standin"  # key in a stand-in checkpoint's `_metadata`
 MODEL_CONFIG: Mapping[str, Any] | None = None
 TOKENIZER_VOCAB = NUM_BPE_TOKENS  # BPE vocabulary; the added tokens follow it
 ADDED_TOKENS = SPECIAL_TOKENS + NON_SPECIAL_ADDED_TOKENS  # ids 151643 onwards
+
+log = get_logger(__name__)
 
 BANNER = (
     "*** STAND-IN WEIGHTS: random Qwen3-0.6B-shaped weights, not the real "
@@ -91,8 +95,9 @@ def is_standin(path: str | os.PathLike) -> bool:
 
 
 def print_standin_banner() -> None:
-    """Print the one-line warning that stand-in weights are in use."""
-    print(BANNER)
+    """Show the one-line warning that stand-in weights are in use (on
+    stderr, like every diagnostic: stdout holds only the reader's answer)."""
+    log.warning(BANNER)
 
 
 # --------------------------------------------------------------------------
@@ -110,7 +115,7 @@ def sniff(raw: bytes) -> str | None:
     if head.startswith(b"{"):
         try:
             data = json.loads(raw[:100_000].decode("utf-8", "replace"))
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         if isinstance(data, dict) and ("error" in data or "message" in data):
             detail = str(data.get("error") or data.get("message"))[:120]
@@ -161,6 +166,10 @@ def check_tokenizer(path: str | os.PathLike) -> str:
     raw = Path(path).read_bytes()
     try:
         data = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise IntegrityError(
+            f"JSON nested too deeply to be a tokenizer ({len(raw):,} bytes)"
+        ) from None
     except ValueError:
         what = sniff(raw)
         raise IntegrityError(
@@ -285,7 +294,9 @@ def is_verified(path: str | os.PathLike) -> bool:
         record.get(k) == v for k, v in now.items()
     ):
         return True
-    print(f"{path}: changed since it was verified; checking it again")
+    if _linked_to_verified(path, record):
+        return True
+    log.info(f"{path}: changed since it was verified; checking it again")
     if hash_file(path)["sha256"] != record["sha256"]:
         return False
     try:
@@ -295,3 +306,24 @@ def is_verified(path: str | os.PathLike) -> bool:
     with contextlib.suppress(OSError):  # a read-only folder still verifies
         write_record(path, {**record, "content": content})
     return True
+
+
+def _linked_to_verified(path: Path, record: Mapping[str, Any]) -> bool:
+    """Whether `path` is a hard link to the stored file its record names
+    (key "store", see `utils.model_store`) and that file is verified with
+    the same sha256. A link made for another folder moves the change time
+    the two names share, which is no change to the bytes; a write through
+    either name fails the stored file's own check."""
+    store = record.get("store")
+    if not isinstance(store, str):
+        return False
+    stored = Path(store)
+    try:
+        if stored == path or not os.path.samefile(path, stored):
+            return False
+    except OSError:
+        return False
+    other = read_record(stored)
+    if other is None or "store" in other or other["sha256"] != record["sha256"]:
+        return False
+    return is_verified(stored)

@@ -53,6 +53,9 @@ SETTINGS: tuple[Setting, ...] = (
             "base URL of the backup mirror tried after Hugging Face"),
     Setting("QWEN3_DOWNLOAD_TIMEOUT", "10",
             "seconds of silence after which one download try fails (1 to 3600)"),
+    Setting("QWEN3_MODEL_STORE", "`<cache>/models`",
+            "where the verified model files are kept once per user; a "
+            "download's folder gets hard links (or copies) of them"),
     Setting("QWEN3_KERNEL_CACHE", "`<cache>/kernels`",
             "where the fast decoder's compiled C library is kept"),
     Setting("QWEN3_KERNEL_VARIANTS", "the rule table's choice",

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from utils import provenance, settings
 from utils.fileio import atomic_output, atomic_place, atomic_write_bytes
+from utils.log import get_logger
 from utils.provenance import print_standin_banner
 
 if TYPE_CHECKING:
@@ -53,6 +54,8 @@ DIR_ENV = "QWEN3_STANDIN_DIR"
 FORMAT_VERSION = 2
 SEEDS = {"base": 20250601, "reasoning": 20250602}
 
+log = get_logger(__name__)
+
 
 def standin_enabled() -> bool:
     """True when `QWEN3_STANDIN` asks for offline stand-ins (1/true/yes/on)."""
@@ -73,14 +76,14 @@ def standin_files_dir() -> Path:
 
 
 def refuse_to_replace_real(path: str | os.PathLike) -> None:
-    """Raise `FileExistsError` (after printing one line) if `path` is a
+    """Raise `FileExistsError` (after saying so in one line) if `path` is a
     verified real download, so no stand-in can ever take its place."""
     if Path(path).is_file() and provenance.is_verified(path):
         message = (
             f"Stand-in mode will not replace the verified real file {path}; "
             f"point {DIR_ENV} at another folder."
         )
-        print(message)
+        log.warning(message)
         raise FileExistsError(message)
 
 
@@ -230,7 +233,7 @@ def provide_standins(out: Path, kind: str, names: list[str]) -> list[Path]:
             write_standin_weights(path, kind)
         else:
             write_standin_tokenizer(path, kind)
-    print(
+    log.info(
         f"Stand-in files in {folder}/ (no download: QWEN3_STANDIN is set; "
         f"nothing in {out}/ was touched)"
     )
