@@ -136,8 +136,7 @@ def _run(args) -> int:
     if reason is not None:
         raise UsageError(f"the native step cannot run here: {reason}")
     cpu = torch.device("cpu")
-    where = {} if args.out_dir is None else {"out_dir": args.out_dir}
-    files = download_qwen3_small("base", **where)  # or stand-ins
+    files = download_qwen3_small("base", out_dir=args.out_dir)  # or stand-ins
     book = load_book_model_file(files.model, cpu, torch.bfloat16)
     prompts = [prompt_token_ids(files.tokenizer, p, cpu)
                for p in PROMPTS[: args.prompts]]  # fmt: skip

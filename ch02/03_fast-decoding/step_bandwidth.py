@@ -189,8 +189,7 @@ def _run(args) -> int:
     reason = get_path("fast_native").unavailable("cpu")
     if reason is not None:
         raise UsageError(f"the native step cannot run here: {reason}")
-    where = {} if args.out_dir is None else {"out_dir": args.out_dir}
-    files = download_qwen3_small("base", **where)  # or stand-ins
+    files = download_qwen3_small("base", out_dir=args.out_dir)  # or stand-ins
     book = load_book_model_file(files.model, "cpu", torch.bfloat16)
     names = [n.strip() for n in args.kernels.split(",") if n.strip()]
     try:
