@@ -66,7 +66,7 @@ while [[ $# -gt 0 ]]; do
         --rebuild) rebuild=1; shift ;;
         --all) all=1; shift ;;
         --) shift; pytest_args=("$@"); break ;;
-        -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
         *) echo "check_arm64: unknown option: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -111,7 +111,10 @@ stop_group() {  # the process group of a job this run started
 }
 cleanup() {
     local rc=$? m tries
-    trap - EXIT INT TERM
+    # Nothing may stop the cleanup: not a failing command, not a closed
+    # pipe (Ctrl-C also ends a `| tee` reading this output), not a signal.
+    set +e
+    trap '' PIPE INT TERM HUP
     if [[ -n "$child" ]]; then stop_group "$child"; fi
     stop_chroot_processes
     for tries in 1 2 3 4 5; do
@@ -130,8 +133,9 @@ cleanup() {
     exit "$rc"
 }
 trap cleanup EXIT
-trap 'echo "check_arm64: interrupted" >&2; exit 130' INT
-trap 'echo "check_arm64: terminated" >&2; exit 143' TERM
+stopped() { trap '' PIPE; echo "check_arm64: $1" >&2 || true; exit "$2"; }
+trap 'stopped interrupted 130' INT
+trap 'stopped terminated 143' TERM HUP
 
 # Long commands run as jobs (set -m: each in a process group of its own,
 # SIGINT not ignored) and are waited for, so that a signal reaches the trap
