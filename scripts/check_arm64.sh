@@ -329,9 +329,17 @@ count() {  # the number before a word of pytest's summary, 0 if absent
     echo "${n:-0}"
 }
 cpu="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
-if [[ $status == 0 ]]; then word=PASS
-elif [[ $status == 124 ]]; then word="INCOMPLETE (stopped at the ${minutes}-min limit)"
-else word="FAIL (pytest rc $status)"; fi
+# Complete: pytest printed its closing counts and was not interrupted (the
+# limit may still fall in its exit, after the counts: they stand).
+if [[ -z "$summary" ]] || grep -qE '^!+ (KeyboardInterrupt|Interrupted)' "$log"; then
+    if [[ $status == 124 ]]; then word="INCOMPLETE (stopped at the ${minutes}-min limit)"
+    else word="FAIL (pytest rc $status, no complete run)"; fi
+    status=1
+elif [[ $(count failed) == 0 && $(count error) == 0 && ( $status == 0 || $status == 124 ) ]]; then
+    word=PASS status=0
+else
+    word="FAIL (pytest rc $status)" status=1
+fi
 echo "VERDICT: $word: ${versions} under qemu-user on $(nproc)-core $cpu:" \
     "$(count passed) passed, $(count failed) failed, $(count skipped) skipped," \
     "$(count deselected) deselected in $((elapsed / 60)) min $((elapsed % 60)) s"
