@@ -106,11 +106,7 @@ def test_weights_mapped_from_a_checkpoint_are_paged_out_as_copied(
         assert a < b <= a + n
 
 
-@pytest.mark.skipif(
-    not hugepages.huge_pages_enabled(),
-    reason="no transparent huge pages on this machine (Linux only)",
-)
-def test_the_kernel_marks_moved_weights_for_huge_pages():
+def test_the_kernel_marks_moved_weights_for_huge_pages(madvised_huge_pages):
     model = linears()
     hugepages.move_weights_to_huge_pages(model)
     flags = vm_flags(model[3].weight.data_ptr())

@@ -8,7 +8,6 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 from reasoning_from_scratch.qwen3 import KVCache
 
@@ -209,14 +208,7 @@ def test_madvise_is_not_called_off_linux(monkeypatch):
     assert len(int8_block([(2048, 2048)])) == 1
 
 
-THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-
-
-@pytest.mark.skipif(
-    not THP.exists() or "[never]" in THP.read_text(),
-    reason="no transparent huge pages on this machine (Linux only)",
-)
-def test_the_kernel_marks_the_block_for_huge_pages():
+def test_the_kernel_marks_the_block_for_huge_pages(madvised_huge_pages):
     block = int8_block([(4096, 2048)])  # 8 MB
     flags = vm_flags(block[0].data_ptr())
     assert flags is not None and "hg" in flags  # MADV_HUGEPAGE took
