@@ -94,7 +94,7 @@ class Kernels:
 
     def _call(self, index, x, weights, scales, multiple, name, threads=None):
         """qwen3_matvec after checking the operands; the stacked result."""
-        if not _operands_ok(x, weights, scales, weights[0].dtype, multiple):
+        if not _operands_ok(x, weights, scales, multiple):
             _explain_operands(x, weights, scales, multiple)
         rows = [w.shape[0] for w in weights]
         y = torch.empty(sum(rows), dtype=x.dtype)
@@ -133,11 +133,7 @@ def _class_of(weights: list[Tensor], scales: list[Tensor] | None, exact: bool) -
 
 
 def _operands_ok(
-    x: Tensor,
-    weights: list[Tensor],
-    scales: list[Tensor] | None,
-    dtype: torch.dtype,
-    multiple: int,
+    x: Tensor, weights: list[Tensor], scales: list[Tensor] | None, multiple: int
 ) -> bool:
     """Whether the kernel can read these tensors safely: the quick test
     (about a hundred calls per token); `_explain_operands` says why not."""
@@ -145,7 +141,7 @@ def _operands_ok(
         return False
     if x.dim() != 1 or x.shape[0] % multiple:
         return False
-    k = x.shape[0]
+    k, dtype = x.shape[0], weights[0].dtype
     for w in weights:
         if w.dtype != dtype or w.dim() != 2 or w.shape[1] != k:
             return False
@@ -268,19 +264,17 @@ def bf16_gemv_path(
     """Which code torch 2.10 runs for `F.linear(x, w)`, x one bf16 row and
     w a bf16 (rows, cols) matrix, on an x86-64 CPU.
 
-    `F.linear` -> `mm` -> `addmm_impl_cpu_` -> `cpublas::gemm` (bf16) with
-    transa, n == 1, alpha == 1 (aten/src/ATen/native/LinearAlgebra.cpp,
-    CPUBlas.cpp). There, oneDNN (`mkldnn_bf16_gemm`) is tried unless the
-    CPU lacks AVX512_BF16 (`bf16_gemv_trans_would_be_faster`); it takes the
-    product when mkldnn is enabled (`torch.backends.mkldnn.enabled`), its
-    bf16 check passes and rows * cols > 16**3 (mkldnn/Matmul.cpp): "onednn".
-    Otherwise an OpenBLAS build may call sbgemm ("openblas"); else ATen's
-    gemv (`bf16_gemv_trans`, cpu/ReducedPrecisionFloatGemvFastPathKernel.cpp,
-    registered with REGISTER_DISPATCH, which leaves the AVX512 slot empty,
-    so the AVX2 code runs at both the AVX2 and AVX512 capability):
-    "aten-avx2", the sums of the exact kernel; at ATEN_CPU_CAPABILITY=default
-    its scalar code: "aten-default". Other torch versions: "unverified".
-    `mkldnn_enabled` and `cpu` default to this process's (injectable)."""
+    `F.linear` -> `mm` -> `addmm_impl_cpu_` -> `cpublas::gemm` (bf16, transa,
+    n == 1; aten/src/ATen/native/LinearAlgebra.cpp, CPUBlas.cpp) tries
+    oneDNN (`mkldnn_bf16_gemm`) where the CPU has AVX512_BF16; it takes the
+    product when mkldnn is enabled, its bf16 check passes and rows * cols >
+    16**3 (mkldnn/Matmul.cpp): "onednn". Else an OpenBLAS build may call
+    sbgemm: "openblas". Else ATen's `bf16_gemv_trans` (cpu/
+    ReducedPrecisionFloatGemvFastPathKernel.cpp; REGISTER_DISPATCH leaves
+    the AVX512 slot empty, so the AVX2 code runs at both capabilities):
+    "aten-avx2", the exact kernel's sums; at ATEN_CPU_CAPABILITY=default its
+    scalar code: "aten-default". Other torch versions: "unverified".
+    `mkldnn_enabled` and `cpu` default to this process's."""
     if mkldnn_enabled is None:
         mkldnn_enabled = torch.backends.mkldnn.enabled
     return (cpu or torch_cpu()).gemv_path(rows, cols, bool(mkldnn_enabled))
@@ -332,12 +326,8 @@ def _register_ops() -> None:
     lib.impl("matvec_int8", lambda x, w, s: _matvec_impl(x, w, s), "CPU")
     lib.impl("matvec_cat", lambda x, ws: _matvec_cat_impl(x, ws), "CPU")
     lib.impl("matvec_int8_cat", lambda x, ws, ss: _matvec_cat_impl(x, ws, ss), "CPU")
-    for name, fake in (
-        ("matvec", _fake_matvec),
-        ("matvec_int8", _fake_matvec),
-        ("matvec_cat", _fake_matvec_cat),
-        ("matvec_int8_cat", _fake_matvec_cat),
-    ):
+    for name in ("matvec", "matvec_int8", "matvec_cat", "matvec_int8_cat"):
+        fake = _fake_matvec_cat if name.endswith("_cat") else _fake_matvec
         torch.library.register_fake(f"qwen3_ch02::{name}", fake, lib=lib)
     _LOADED["library"] = lib
 
@@ -404,9 +394,7 @@ def int8_linear(x: Tensor, weight: Tensor, scales: Tensor) -> Tensor:
         raise ValueError("scales must be contiguous (call .contiguous() first)")
     scales = scales.to(torch.float32)
     if "kernels" not in _LOADED:
-        out = torch._weight_int8pack_mm(
-            x.reshape(1, -1), weight, scales.to(x.dtype)
-        )  # fmt: skip
+        out = torch._weight_int8pack_mm(x.reshape(1, -1), weight, scales.to(x.dtype))
         return out.view(*x.shape[:-1], weight.shape[0])
     if torch.compiler.is_compiling():
         return torch.ops.qwen3_ch02.matvec_int8(x, weight, scales)
