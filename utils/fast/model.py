@@ -137,11 +137,12 @@ class GroupedQueryAttention(nn.Module):
         # compiled step reads the whole static cache, masked
         keys, values = self.k_cache[:, :, :kv_len], self.v_cache[:, :, :kv_len]
         if torch.compiler.is_compiling():
-            # No copies of keys/values: the r query heads that share kv
-            # group g (as repeat_interleave in the book) stacked along the
-            # token axis, (b, heads, t, d) -> (b, kv_groups, r*t, d), in one
-            # fused attention call (float32 inside: no bf16 rounding of the
-            # scores as in the book)
+            # No copies of keys/values: the query heads g*r .. g*r+r-1 that
+            # share kv group g (repeat_interleave in the book) stacked on
+            # the token axis, (b, heads, t, d) -> (b, kv_groups, r*t, d), in
+            # one fused attention call (float32 inside, skipping the book's
+            # bf16 rounding of the scores; faster than float32 scores and
+            # softmax left to inductor)
             r = self.num_heads // self.num_kv_groups
             q = q.reshape(b, self.num_kv_groups, r * t, self.head_dim)
             ctx = F.scaled_dot_product_attention(q, keys, values, attn_mask=~mask)

@@ -131,7 +131,8 @@ class NativeStep:
     """The decode step as one C call for a `StaticQwen3` (a `DecodeStep`):
     `step(model, cur_token, input_pos, kv_len)` -> (next token (1, 1),
     logits). Other batches, and a model set to `use_cpu_matvec(False)`,
-    take the eager step.
+    take the eager step. Its bf16 products add in ATen's dot order (the
+    exact class of kernels).
 
     `kernels` forces kernels as $QWEN3_KERNEL_VARIANTS does ("default", or
     names); None: that variable, else the rules' choice for this CPU

@@ -3,11 +3,12 @@
 Each linear layer's weight becomes int8 with one float32 scale per output
 row (symmetric, absmax / 127); activations stay in the model's dtype. On
 CPUs a decode row goes through the int8 kernel (`utils.fast.kernels`),
-which reads half the bytes of bf16. The token embedding becomes int8 too;
-tied to the output layer (Qwen3 0.6B) it reads the same int8 table.
-`quantize_int8` lets go of each bf16 weight as soon as its int8 copy
-exists, so the model never holds both. How close the result stays to bf16:
-`ch02/03_fast-decoding/agreement.py`.
+which reads half the bytes of bf16 and rounds the input to 16-bit fixed
+point (finer than bf16 for all but entries far below the largest one).
+The token embedding becomes int8 too; tied to the output layer (Qwen3
+0.6B) it reads the same int8 table. `quantize_int8` lets go of each bf16
+weight as soon as its int8 copy exists, so the model never holds both.
+How close the result stays to bf16: `ch02/03_fast-decoding/agreement.py`.
 """
 
 from __future__ import annotations
