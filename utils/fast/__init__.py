@@ -1,18 +1,12 @@
 """The fast decoder: the book's Qwen3 weights, decoded faster (beyond Chapter 2).
 
-The door: `paths` is the registry of decode paths that the benchmark, the
-command line, the generation panel and the bonus scripts use (`PATHS`,
-`get_path`, `path_for`, `DecodePath.build`); `bandwidth` measures a step
-against the machine's memory speed. Behind it, in gpt-fast's order:
-`model` (the book's Qwen3 with a static KV cache), `quantize` (weight-only
-int8 layers), `steps` (eager, compiled and native decode steps; prefill,
-decode, generate, pick_faster), `native` (the whole decode step as one C
-call), `kernels` (the CPU matrix-vector products as torch operators),
-`dispatch` (which kernel runs, by CPU features), `build` (compiling and
-caching the C library in `csrc/`). How it works and what it measured:
-ch02/03_fast-decoding/README.md.
-
-Importing this package builds nothing; the C library is built on first use.
+The door: `paths`, the registry of decode paths the rest of the project
+uses, and `bandwidth`, a step measured against the memory's speed. Behind
+it: `model` (static KV cache), `quantize` (int8 weights), `steps` (eager,
+compiled and native decode steps), `native` (the step as one C call),
+`kernels` and `dispatch` (the C matrix-vector kernels, chosen by CPU
+features), `build` (compiles `csrc/` on first use, not at import). How it
+works: ch02/03_fast-decoding/README.md.
 """
 
 from utils.fast.bandwidth import (

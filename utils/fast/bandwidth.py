@@ -1,11 +1,10 @@
 """How a decode step compares with the machine's memory speed.
 
-A decode step reads every weight once, so the fastest it can go is the
-memory's read speed; on a shared machine that speed changes from one second
-to the next. So a step is timed beside a `torch.sum` over exactly the bytes
-it reads, right after it (`time_beside_sum`, `paired_share`): the ratio says
-how close to the memory's speed of that moment the step ran. The benchmark
-and the bonus scripts in ch02/03_fast-decoding/ use these.
+A decode step reads every weight once, so the memory's read speed bounds
+it; on a shared machine that speed changes from one second to the next.
+So a step is timed beside a `torch.sum` over exactly the bytes it reads,
+right after it (`time_beside_sum`, `paired_share`): the ratio says how
+close to the memory's speed of that moment the step ran.
 """
 
 from __future__ import annotations
@@ -20,15 +19,6 @@ import torch
 from utils.device import synchronize
 from utils.fast.hugepages import huge_page_empty, huge_pages_enabled
 
-__all__ = [
-    "PAIRED_ROUNDS",
-    "measure_read_bandwidth",
-    "paired_share",
-    "read_buffer",
-    "time_beside_sum",
-    "weight_bytes_per_token",
-]
-
 PAIRED_ROUNDS = 30  # decode steps each timed beside a torch.sum of its bytes
 
 _NOT_WEIGHTS = ("cache", "cos", "sin", "positions", "mask", "inv_freq")
@@ -38,46 +28,33 @@ def weight_bytes_per_token(model: torch.nn.Module) -> int:
     """Bytes of weights one decode step reads: every parameter and weight
     buffer once (shared tensors once), of an embedding table only one row
     unless the same tensor is also the output layer."""
-
-    def is_embedding(module: torch.nn.Module) -> bool:
-        return isinstance(module, torch.nn.Embedding) or getattr(
+    seen, embedding_ptrs, total, row_bytes = set(), set(), 0, 0
+    for module in model.modules():
+        embedding = isinstance(module, torch.nn.Embedding) or getattr(
             module, "is_embedding", False
         )
-
-    embedding_ptrs = set()
-    for module in model.modules():
-        if is_embedding(module):
-            for t in [
-                *module.parameters(recurse=False),
-                *module.buffers(recurse=False),
-            ]:
-                if t is not None and t.dim() == 2:
-                    embedding_ptrs.add(t.data_ptr())
-    seen, total, row_bytes = set(), 0, 0
-    for module in model.modules():
         tensors = list(module.named_parameters(recurse=False))
         tensors += list(module.named_buffers(recurse=False))
         for name, t in tensors:
-            if t is None or any(word in name for word in _NOT_WEIGHTS):
+            if embedding and t.dim() == 2:
+                embedding_ptrs.add(t.data_ptr())
+            if any(word in name for word in _NOT_WEIGHTS):
                 continue
-            if is_embedding(module):
+            if embedding:
                 if t.dim() == 2:
                     row_bytes = max(row_bytes, t[0].numel() * t.element_size())
-                continue
-            if t.data_ptr() in seen:
-                continue
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
+            elif t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
     tied = bool(embedding_ptrs & seen)
     return total + (0 if tied else row_bytes)
 
 
 def read_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
     """A float32 buffer of ones, `nbytes` long (at least one value), for
-    `torch.sum` to read as the memory's speed of the moment. On a CPU it
-    lies on 2 MB pages where Linux gives them, as the native step's weights
-    do: a buffer on 4 KB pages reads slower, and would make a step look
-    faster than memory."""
+    `torch.sum` to read. On a CPU it lies on 2 MB pages where Linux gives
+    them, as the native step's weights do (on 4 KB pages it reads slower,
+    and would make a step look faster than memory)."""
     count = max(nbytes // 4, 1)
     if device.type == "cpu" and huge_pages_enabled():
         return huge_page_empty(count * 4).view(torch.float32).fill_(1.0)
@@ -105,11 +82,10 @@ def paired_share(
     device: torch.device,
     rounds: int = PAIRED_ROUNDS,
 ) -> tuple[float, float] | None:
-    """(share, GB/s): over up to `rounds` decode steps of one generation,
-    the median of (step's read speed) / (`torch.sum`'s speed over a buffer
-    of the `nbytes` the step reads, timed right after it), 1.0 being the
-    memory's speed of the moment, and the median speed of those sums (the
-    moment it was measured in). None with fewer than 3 steps."""
+    """(share, GB/s) over up to `rounds` decode steps of one generation:
+    the median of (step's read speed) / (the speed of a `torch.sum` over
+    `nbytes`, timed right after it), 1.0 being the memory's speed of the
+    moment, and the median speed of those sums. None with under 3 steps."""
     tokens = iter(stream())
     if next(tokens, None) is None:  # the first token is the prompt's
         return None
@@ -149,5 +125,4 @@ def measure_read_bandwidth(
         torch.sum(buf)
         synchronize(device)
         best = min(best, time.perf_counter() - start)
-    del buf
     return size_bytes / best

@@ -1,13 +1,12 @@
 """Weights on 2 MB pages (Linux transparent huge pages) for the native step.
 
-Why: a decode step streams every weight once per token, and on some CPUs
-the weights stream much faster from 2 MB pages than from 4 KB ones (the
-figures: ch02/03_fast-decoding/README.md). PyTorch and the checkpoint's
-memory map hand out 4 KB pages, so the weights a step reads are given
-memory of their own that starts on a 2 MB boundary and is advised as huge
-pages (`madvise(MADV_HUGEPAGE)`) before anything is written to it. Off
-Linux, or where the kernel has huge pages set to `never`, nothing is moved.
-Advice never changes contents."""
+A decode step streams every weight once per token, and on some CPUs 2 MB
+pages stream much faster than 4 KB ones (ch02/03_fast-decoding/README.md).
+PyTorch and a checkpoint's memory map hand out 4 KB pages, so the weights
+a step reads get memory of their own that starts on a 2 MB boundary and is
+advised as huge pages (`madvise(MADV_HUGEPAGE)`) before anything is written
+to it. Off Linux, or where huge pages are set to `never`, nothing moves.
+"""
 
 from __future__ import annotations
 
@@ -19,11 +18,10 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-__all__ = ["huge_pages_enabled", "huge_page_empty", "move_weights_to_huge_pages"]
-
 HUGE_PAGE = 2 << 20  # a transparent huge page (x86-64; arm64 with 4 KB pages)
 MADV_HUGEPAGE, MADV_PAGEOUT = 14, 21
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+COPY_CHUNK = 32 << 20  # bytes copied before the source's pages are dropped
 
 
 def madvise(start: int, length: int, advice: int) -> None:
@@ -51,10 +49,9 @@ def huge_pages_enabled() -> bool:
 
 
 def page_out(t: torch.Tensor) -> None:
-    """Ask Linux to drop the pages of `t`'s storage from this process
-    (MADV_PAGEOUT). Meant for weights memory-mapped from a checkpoint that
-    have been copied or quantized: their clean file pages leave the
-    resident set and are read again from the file if ever used."""
+    """Drop the pages of `t`'s storage from this process (MADV_PAGEOUT):
+    for checkpoint weights already copied or quantized, whose clean file
+    pages are read again from the file if ever used."""
     if t.device.type != "cpu":
         return
     storage = t.untyped_storage()
@@ -80,11 +77,11 @@ def huge_page_empty(nbytes: int) -> torch.Tensor:
 
 def _file_mappings() -> list[tuple[int, int]]:
     """(start, end) of this process's file-backed mappings, sorted."""
-    spans = []
     try:
         lines = Path("/proc/self/maps").read_text().splitlines()
     except OSError:
         return []
+    spans = []
     for line in lines:
         fields = line.split()
         if len(fields) >= 6 and fields[4] != "0":  # an inode: a file
@@ -96,9 +93,6 @@ def _file_mappings() -> list[tuple[int, int]]:
 def _in(spans: list[tuple[int, int]], address: int) -> bool:
     i = bisect.bisect_right(spans, (address, float("inf"))) - 1
     return i >= 0 and spans[i][0] <= address < spans[i][1]
-
-
-COPY_CHUNK = 32 << 20  # bytes copied before the source's pages are dropped
 
 
 def _copy(new: torch.Tensor, old: torch.Tensor, mapped: bool) -> None:
@@ -117,27 +111,22 @@ def _copy(new: torch.Tensor, old: torch.Tensor, mapped: bool) -> None:
 
 
 def move_weights_to_huge_pages(model: nn.Module) -> int:
-    """Give each CPU `nn.Linear` weight of `model` of at least 2 MB memory
-    of its own on huge pages (`huge_page_empty`), in place: the same
-    Parameter, the same values, so a model sharing it (the book's, or a
-    tied embedding) reads the new memory too. The old memory is freed when
-    nothing else holds it; pages memory-mapped from a checkpoint file are
-    paged out as they are copied (32 MB at a time). Weights already
-    starting on a 2 MB boundary stay. Returns the bytes moved (0 where huge
-    pages are off)."""
+    """Give each CPU `nn.Linear` weight of `model` of at least 2 MB memory of
+    its own on huge pages, in place: the same Parameter and values, so a
+    model sharing it (the book's, a tied embedding) reads the new memory
+    too. Pages mapped from a checkpoint file are paged out as they are
+    copied; weights already on a 2 MB boundary stay. Returns the bytes
+    moved (0 where huge pages are off)."""
     if not huge_pages_enabled():
         return 0
     files, moved, seen = _file_mappings(), 0, set()
-    # normal tensors even when called in inference mode: the Parameters
-    # stay usable outside it
+    # normal tensors even in inference mode: the Parameters stay usable
     with torch.inference_mode(False), torch.no_grad():
         for module in model.modules():
             weight = getattr(module, "weight", None)
-            if (
-                not isinstance(module, nn.Linear)
-                or not isinstance(weight, nn.Parameter)
-                or id(weight) in seen
-            ):
+            if not isinstance(module, nn.Linear) or id(weight) in seen:
+                continue
+            if not isinstance(weight, nn.Parameter):
                 continue
             seen.add(id(weight))
             nbytes = weight.numel() * weight.element_size()

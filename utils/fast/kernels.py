@@ -1,21 +1,17 @@
 """Matrix-vector products for single-token decoding on x86-64 CPUs.
 
-When one token is decoded, every linear layer is a matrix-vector product:
-each weight is read once for one multiply-add, so the speed is set by how
-fast the weights stream from memory. The C kernels (`csrc/kernels_*.c`) read
-bf16 weights with AVX2 and accumulate in float32; the int8 kernel
-multiplies int8 weights with the input rounded to 16-bit fixed point
-(`vpmaddwd`, exact int32 sums), which keeps it at memory speed where
-converting every weight to float32 would not. Layers sharing an input
-(q/k/v, gate/up) go through one grouped call.
+Decoding one token makes every linear layer a matrix-vector product: each
+weight is read once for one multiply-add, so memory speed sets the pace.
+The C kernels (`csrc/kernels_*.c`) read bf16 weights and add in float32;
+the int8 kernel multiplies int8 weights with the input rounded to 16-bit
+fixed point (exact int32 sums), which keeps it at memory speed. Layers
+sharing an input (q/k/v, gate/up) go through one grouped call.
 
-Two bf16 kernels: "exact" adds in the order of ATen's own bf16 dot, the
-other (inside torch.compile graphs) orders the additions for speed. Eager
-`linear` uses the exact kernel only where torch's `F.linear` itself would
-run that ATen dot; `bf16_gemv_path` reads that from what decides it in
-PyTorch (see its docstring), so eager results are `F.linear`'s bits on
-every CPU. This module also registers the kernels as torch operators, so
-compiled graphs can call them.
+Two bf16 classes: "exact" adds in the order of ATen's own bf16 dot, "fast"
+(inside torch.compile graphs) orders the additions for speed. Eager
+`linear` uses the exact kernel only where `F.linear` itself would run that
+dot (`bf16_gemv_path`), so eager results are `F.linear`'s bits on every
+CPU. The kernels are also torch operators, so compiled graphs can call them.
 """
 
 from __future__ import annotations
@@ -23,27 +19,14 @@ from __future__ import annotations
 import array
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 import utils.fast.build as build
 from utils.device import torch_version
-
-__all__ = [
-    "Kernels",
-    "TorchCPU",
-    "bf16_gemv_path",
-    "get_kernels",
-    "int8_linear",
-    "int8_linear_group",
-    "kernel_rounds_like_torch",
-    "linear",
-    "linear_group",
-    "supports",
-    "torch_cpu",
-]
 
 _FLOAT_X = (torch.bfloat16, torch.float32)
 
@@ -56,7 +39,6 @@ class Kernels:
         self.library = library
         self.lib = library.lib
         self.path = library.path
-        self.openmp = library.openmp
         self.first: dict[str, int] = {}
         entries = library.lib.qwen3_kernels().decode("ascii").split(";")
         for i, entry in enumerate(e for e in entries if e):
@@ -64,62 +46,60 @@ class Kernels:
 
     def matvec(
         self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        scales: torch.Tensor | None = None,
+        x: Tensor,
+        weight: Tensor,
+        scales: Tensor | None = None,
         *,
         exact: bool = False,
-    ) -> torch.Tensor:
+    ) -> Tensor:
         """`weight (n, k) @ x (k,)` -> (n,) in x's dtype (bf16 or float32).
 
         bf16 weight: the fast kernel, or with `exact=True` the one that adds
         like ATen's dot (k % 64 == 0). int8 weight: times `scales` (n,)
-        float32 per row, x rounded to 16-bit fixed point (see
-        csrc/kernels_avx2.c). Shapes, dtypes and contiguity are checked."""
+        float32 per row. Shapes, dtypes and contiguity are checked."""
         return self.matvec_multi(
             x, [weight], None if scales is None else [scales], exact=exact
         )
 
     def matvec_multi(
         self,
-        x: torch.Tensor,
-        weights: list[torch.Tensor],
-        scales: list[torch.Tensor] | None = None,
+        x: Tensor,
+        weights: list[Tensor],
+        scales: list[Tensor] | None = None,
         *,
         exact: bool = False,
-    ) -> torch.Tensor:
+    ) -> Tensor:
         """`torch.cat([w @ x for w in weights])` in one call (one parallel
         region): the q/k/v or gate/up projections of one token at once."""
         cls = _class_of(weights, scales, exact)
         multiple = 64 if exact else 16
-        if not _operands_ok(x, weights, scales, weights[0].dtype, multiple):
-            _explain_operands(x, weights, scales, multiple)
-        return self._call(self.first[cls], x, weights, scales, f"{cls} kernel")
+        return self._call(
+            self.first[cls], x, weights, scales, multiple, f"{cls} kernel"
+        )
 
     def matvec_with(
         self,
         index: int,
-        x: torch.Tensor,
-        weights: list[torch.Tensor],
-        scales: list[torch.Tensor] | None = None,
+        x: Tensor,
+        weights: list[Tensor],
+        scales: list[Tensor] | None = None,
         threads: int | None = None,
-    ) -> torch.Tensor:
+    ) -> Tensor:
         """`matvec_multi` with kernel `index` of the library's table
-        (`utils.fast.dispatch`; int8 weights need scales, bf16 none).
-        RuntimeError when it cannot run: code 1, k is not a multiple of the
-        kernel's or the weights do not fit its class; 3, the CPU lacks its
-        instructions."""
+        (`utils.fast.dispatch`). RuntimeError when it cannot run: code 1, k
+        is not a multiple of the kernel's or the weights do not fit its
+        class; 3, the CPU lacks its instructions."""
         _class_of(weights, scales, exact=False)  # bf16 alone or int8 + scales
-        if not _operands_ok(x, weights, scales, weights[0].dtype, 16):
-            _explain_operands(x, weights, scales, 16)
-        return self._call(index, x, weights, scales, f"kernel {index}", threads)
+        return self._call(index, x, weights, scales, 16, f"kernel {index}", threads)
 
-    def _call(self, index, x, weights, scales, name, threads=None):
-        """qwen3_matvec for checked operands; the stacked result."""
+    def _call(self, index, x, weights, scales, multiple, name, threads=None):
+        """qwen3_matvec after checking the operands; the stacked result."""
+        if not _operands_ok(x, weights, scales, multiple):
+            _explain_operands(x, weights, scales, multiple)
         rows = [w.shape[0] for w in weights]
         y = torch.empty(sum(rows), dtype=x.dtype)
-        # array.array: C arrays built ~10x faster than ctypes arrays (this
-        # runs ~100 times per token); they live until the call returns
+        # array.array: built ~10x faster than ctypes arrays (this runs about
+        # a hundred times per token); they live until the call returns
         w_ptrs = array.array("Q", [w.data_ptr() for w in weights])
         s_ptrs = array.array("Q", [s.data_ptr() for s in scales or []])
         row_array = array.array("l", rows)
@@ -135,9 +115,7 @@ class Kernels:
         return y
 
 
-def _class_of(
-    weights: list[torch.Tensor], scales: list[torch.Tensor] | None, exact: bool
-) -> str:
+def _class_of(weights: list[Tensor], scales: list[Tensor] | None, exact: bool) -> str:
     """The kernel class for these weights (ValueError if none)."""
     if not weights:
         raise ValueError("matvec_multi needs at least one weight")
@@ -155,83 +133,60 @@ def _class_of(
 
 
 def _operands_ok(
-    x: torch.Tensor,
-    weights: list[torch.Tensor],
-    scales: list[torch.Tensor] | None,
-    dtype: torch.dtype,
-    multiple: int,
+    x: Tensor, weights: list[Tensor], scales: list[Tensor] | None, multiple: int
 ) -> bool:
-    """The checks of `_check_operands` for a whole group, quickly (about a
-    hundred calls per token); False sends the caller to the one that explains."""
+    """Whether the kernel can read these tensors safely: the quick test
+    (about a hundred calls per token); `_explain_operands` says why not."""
     if x.device.type != "cpu" or x.dtype not in _FLOAT_X or not x.is_contiguous():
         return False
     if x.dim() != 1 or x.shape[0] % multiple:
         return False
-    k = x.shape[0]
+    k, dtype = x.shape[0], weights[0].dtype
     for w in weights:
-        if (
-            w.dtype != dtype
-            or w.dim() != 2
-            or w.shape[1] != k
-            or w.device.type != "cpu"
-            or not w.is_contiguous()
-        ):
+        if w.dtype != dtype or w.dim() != 2 or w.shape[1] != k:
+            return False
+        if w.device.type != "cpu" or not w.is_contiguous():
             return False
     for w, sc in zip(weights, scales or [], strict=scales is not None):
-        if (
-            sc.dtype != torch.float32
-            or sc.dim() != 1
-            or sc.shape[0] != w.shape[0]
-            or sc.device.type != "cpu"
-            or not sc.is_contiguous()
-        ):
+        if sc.dtype != torch.float32 or sc.dim() != 1 or sc.shape[0] != w.shape[0]:
+            return False
+        if sc.device.type != "cpu" or not sc.is_contiguous():
             return False
     return True
 
 
 def _explain_operands(
-    x: torch.Tensor,
-    weights: list[torch.Tensor],
-    scales: list[torch.Tensor] | None,
-    multiple: int,
-) -> None:
-    """Raise the ValueError that says what is wrong with a group's operands."""
+    x: Tensor, weights: list[Tensor], scales: list[Tensor] | None, multiple: int
+) -> NoReturn:
+    """Raise the ValueError that says what is wrong with a group's operands
+    (for the first weight that has a problem)."""
     dtype = weights[0].dtype
     for i, w in enumerate(weights):
         if w.dtype != dtype:
             raise ValueError(f"weights differ in dtype: {dtype} and {w.dtype}")
-        _check_operands(x, w, None if scales is None else scales[i], multiple)
-    raise ValueError("the kernel cannot read these tensors")  # not reached
-
-
-def _check_operands(
-    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None, multiple: int
-) -> None:
-    """ValueError unless the kernel can read these tensors safely."""
-    problems = []
-    for name, t in (("x", x), ("weight", weight), ("scales", scales)):
-        if t is not None and (t.device.type != "cpu" or not t.is_contiguous()):
-            problems.append(f"{name} must be a contiguous CPU tensor")
-    if weight.dim() != 2:
-        problems.append(f"weight must be 2-D, got shape {tuple(weight.shape)}")
-    else:
-        n, k = weight.shape
-        if k % multiple:
-            problems.append(f"weight columns ({k}) must be a multiple of {multiple}")
-        if x.dtype not in _FLOAT_X or x.shape != (k,):
-            problems.append(
-                f"x must be ({k},) bf16 or float32, got {tuple(x.shape)} {x.dtype}"
-            )
-        bad = scales is not None and (
-            scales.dtype != torch.float32 or scales.shape != (n,)
-        )
+        s = None if scales is None else scales[i]
+        bad = [
+            f"{name} must be a contiguous CPU tensor"
+            for name, t in (("x", x), ("weight", w), ("scales", s))
+            if t is not None and (t.device.type != "cpu" or not t.is_contiguous())
+        ]
+        if w.dim() != 2:
+            bad.append(f"weight must be 2-D, got shape {tuple(w.shape)}")
+        else:
+            n, k = w.shape
+            if k % multiple:
+                bad.append(f"weight columns ({k}) must be a multiple of {multiple}")
+            if x.dtype not in _FLOAT_X or x.shape != (k,):
+                bad.append(
+                    f"x must be ({k},) bf16 or float32, got {tuple(x.shape)} {x.dtype}"
+                )
+            if s is not None and (s.dtype != torch.float32 or s.shape != (n,)):
+                bad.append(
+                    f"scales must be ({n},) float32, got {tuple(s.shape)} {s.dtype}"
+                )
         if bad:
-            problems.append(
-                f"scales must be ({n},) float32, "
-                f"got {tuple(scales.shape)} {scales.dtype}"
-            )
-    if problems:
-        raise ValueError("; ".join(problems))
+            raise ValueError("; ".join(bad))
+    raise ValueError("the kernel cannot read these tensors")  # not reached
 
 
 # The kernels loaded in this process (set once by `get_kernels`), looked up
@@ -255,10 +210,6 @@ def get_kernels(testing: bool = False) -> Kernels | None:
     return None if library is None else _kernels_for(library)
 
 
-# ---------------------------------------------------------------------------
-# When torch's own bf16 F.linear adds like the exact kernel
-# ---------------------------------------------------------------------------
-
 ATEN_AVX2 = "aten-avx2"  # the path whose sums the exact kernel reproduces
 
 
@@ -278,13 +229,8 @@ class TorchCPU:
         """See `bf16_gemv_path`."""
         if self.torch_version != (2, 10):
             return "unverified"
-        if (
-            self.mkldnn_built
-            and mkldnn_enabled
-            and self.onednn_bf16
-            and self.avx512_bf16
-            and rows * cols > 16 * 16 * 16
-        ):
+        onednn = self.mkldnn_built and mkldnn_enabled and self.onednn_bf16
+        if onednn and self.avx512_bf16 and rows * cols > 16 * 16 * 16:
             return "onednn"
         if self.openblas:
             return "openblas"
@@ -318,19 +264,17 @@ def bf16_gemv_path(
     """Which code torch 2.10 runs for `F.linear(x, w)`, x one bf16 row and
     w a bf16 (rows, cols) matrix, on an x86-64 CPU.
 
-    `F.linear` -> `mm` -> `addmm_impl_cpu_` -> `cpublas::gemm` (bf16) with
-    transa, n == 1, alpha == 1 (aten/src/ATen/native/LinearAlgebra.cpp,
-    CPUBlas.cpp). There, oneDNN (`mkldnn_bf16_gemm`) is tried unless the
-    CPU lacks AVX512_BF16 (`bf16_gemv_trans_would_be_faster`); it takes the
-    product when mkldnn is enabled (`torch.backends.mkldnn.enabled`), its
-    bf16 check passes and rows * cols > 16**3 (mkldnn/Matmul.cpp): "onednn".
-    Otherwise an OpenBLAS build may call sbgemm ("openblas"); else ATen's
-    gemv (`bf16_gemv_trans`, cpu/ReducedPrecisionFloatGemvFastPathKernel.cpp,
-    registered with REGISTER_DISPATCH, which leaves the AVX512 slot empty,
-    so the AVX2 code runs at both the AVX2 and AVX512 capability):
-    "aten-avx2", the sums of the exact kernel; at ATEN_CPU_CAPABILITY=default
-    its scalar code: "aten-default". Other torch versions: "unverified".
-    `mkldnn_enabled` and `cpu` default to this process's (injectable)."""
+    `F.linear` -> `mm` -> `addmm_impl_cpu_` -> `cpublas::gemm` (bf16, transa,
+    n == 1; aten/src/ATen/native/LinearAlgebra.cpp, CPUBlas.cpp) tries
+    oneDNN (`mkldnn_bf16_gemm`) where the CPU has AVX512_BF16; it takes the
+    product when mkldnn is enabled, its bf16 check passes and rows * cols >
+    16**3 (mkldnn/Matmul.cpp): "onednn". Else an OpenBLAS build may call
+    sbgemm: "openblas". Else ATen's `bf16_gemv_trans` (cpu/
+    ReducedPrecisionFloatGemvFastPathKernel.cpp; REGISTER_DISPATCH leaves
+    the AVX512 slot empty, so the AVX2 code runs at both capabilities):
+    "aten-avx2", the exact kernel's sums; at ATEN_CPU_CAPABILITY=default its
+    scalar code: "aten-default". Other torch versions: "unverified".
+    `mkldnn_enabled` and `cpu` default to this process's."""
     if mkldnn_enabled is None:
         mkldnn_enabled = torch.backends.mkldnn.enabled
     return (cpu or torch_cpu()).gemv_path(rows, cols, bool(mkldnn_enabled))
@@ -343,22 +287,16 @@ def kernel_rounds_like_torch(rows: int, cols: int) -> bool:
     return torch_cpu().gemv_path(rows, cols, mkldnn_enabled) == ATEN_AVX2
 
 
-# ---------------------------------------------------------------------------
-# torch operators (so torch.compile can call the kernels from its graphs)
-# ---------------------------------------------------------------------------
+# torch operators, so torch.compile can call the kernels from its graphs
 
 
-def _matvec_impl(
-    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = None
-) -> torch.Tensor:
+def _matvec_impl(x: Tensor, weight: Tensor, scales: Tensor | None = None) -> Tensor:
     return _matvec_cat_impl(x, [weight], None if scales is None else [scales])
 
 
 def _matvec_cat_impl(
-    x: torch.Tensor,
-    weights: list[torch.Tensor],
-    scales: list[torch.Tensor] | None = None,
-) -> torch.Tensor:
+    x: Tensor, weights: list[Tensor], scales: list[Tensor] | None = None
+) -> Tensor:
     flat = x.reshape(-1).contiguous()
     out = _LOADED["kernels"].matvec_multi(flat, list(weights), scales)
     return out.view(*x.shape[:-1], out.shape[0])
@@ -373,9 +311,9 @@ def _fake_matvec_cat(x, weights, *rest):
 
 
 def _register_ops() -> None:
-    """Define torch.ops.qwen3_ch02.matvec[_int8][_cat] once per process.
+    """Define torch.ops.qwen3_ch02.matvec[_int8][_cat] once per process
     (`torch.library.Library` rather than `custom_op`: a third of the
-    per-call overhead, which matters at ~100-200 calls per token.)"""
+    per-call overhead, at a hundred or more calls per token)."""
     if "library" in _LOADED:
         return
     lib = torch.library.Library("qwen3_ch02", "DEF")
@@ -388,22 +326,16 @@ def _register_ops() -> None:
     lib.impl("matvec_int8", lambda x, w, s: _matvec_impl(x, w, s), "CPU")
     lib.impl("matvec_cat", lambda x, ws: _matvec_cat_impl(x, ws), "CPU")
     lib.impl("matvec_int8_cat", lambda x, ws, ss: _matvec_cat_impl(x, ws, ss), "CPU")
-    for name, fake in (
-        ("matvec", _fake_matvec),
-        ("matvec_int8", _fake_matvec),
-        ("matvec_cat", _fake_matvec_cat),
-        ("matvec_int8_cat", _fake_matvec_cat),
-    ):
+    for name in ("matvec", "matvec_int8", "matvec_cat", "matvec_int8_cat"):
+        fake = _fake_matvec_cat if name.endswith("_cat") else _fake_matvec
         torch.library.register_fake(f"qwen3_ch02::{name}", fake, lib=lib)
     _LOADED["library"] = lib
 
 
-# ---------------------------------------------------------------------------
 # What the layers call
-# ---------------------------------------------------------------------------
 
 
-def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def supports(x: Tensor, weight: Tensor) -> bool:
     """Whether the kernel handles `x @ weight.T`: one CPU row (decode), K a
     multiple of 16, contiguous bf16/int8 weight, bf16/float32 activations."""
     return (
@@ -419,7 +351,7 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def _eager_exact(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def _eager_exact(x: Tensor, weight: Tensor) -> bool:
     """Whether eager code may use the exact kernel for `F.linear(x, weight)`:
     same dtypes (as F.linear needs) and torch would add the same way."""
     rows, cols = weight.shape
@@ -430,13 +362,10 @@ def _eager_exact(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`F.linear(x, weight)`, through a kernel where one applies.
-
-    Inside torch.compile (kernels loaded, `supports` true) the fast kernel;
-    eagerly the exact kernel, only where torch itself would add the same
-    way (`kernel_rounds_like_torch`): eager results are F.linear's bits.
-    """
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    """`F.linear(x, weight)`, through a kernel where one applies: the fast
+    kernel inside torch.compile, the exact one eagerly where torch itself
+    would add the same way, so eager results are F.linear's bits."""
     if weight.dtype == torch.bfloat16 and "kernels" in _LOADED and supports(x, weight):
         if torch.compiler.is_compiling():  # traced: an operator in the graph
             return torch.ops.qwen3_ch02.matvec(x, weight)
@@ -447,9 +376,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight)
 
 
-def int8_linear(
-    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
-) -> torch.Tensor:
+def int8_linear(x: Tensor, weight: Tensor, scales: Tensor) -> Tensor:
     """Weight-only int8 `x @ (weight * scales[:, None]).T` for one CPU row
     (the kernel when loaded, else torch's int8 matmul); checks its inputs."""
     if not supports(x, weight) or weight.dtype != torch.int8:
@@ -467,19 +394,16 @@ def int8_linear(
         raise ValueError("scales must be contiguous (call .contiguous() first)")
     scales = scales.to(torch.float32)
     if "kernels" not in _LOADED:
-        out = torch._weight_int8pack_mm(
-            x.reshape(1, -1), weight, scales.to(x.dtype)
-        )  # fmt: skip
+        out = torch._weight_int8pack_mm(x.reshape(1, -1), weight, scales.to(x.dtype))
         return out.view(*x.shape[:-1], weight.shape[0])
     if torch.compiler.is_compiling():
         return torch.ops.qwen3_ch02.matvec_int8(x, weight, scales)
     return _matvec_impl(x, weight, scales)
 
 
-def linear_group(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor]:
-    """`[F.linear(x, w) for w in weights]` (bias-free, same x), as one kernel
-    call where the kernel applies (the q/k/v or gate/up projections); each
-    result has the bits `linear(x, w)` would give."""
+def linear_group(x: Tensor, weights: list[Tensor]) -> list[Tensor]:
+    """`[linear(x, w) for w in weights]` (bias-free, same x) as one kernel
+    call where the kernel applies (q/k/v, gate/up), with the same bits."""
     ok = (
         "kernels" in _LOADED
         and len(weights) > 1
@@ -498,10 +422,10 @@ def linear_group(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Ten
 
 
 def int8_linear_group(
-    x: torch.Tensor, weights: list[torch.Tensor], scales: list[torch.Tensor]
-) -> list[torch.Tensor]:
-    """`[int8_linear(x, w, s) ...]` for several int8 weights sharing x, as
-    one kernel call where the kernel is loaded."""
+    x: Tensor, weights: list[Tensor], scales: list[Tensor]
+) -> list[Tensor]:
+    """`[int8_linear(x, w, s) ...]` for int8 weights sharing x, as one
+    kernel call where the kernel is loaded."""
     ok = (
         "kernels" in _LOADED
         and all(w.dtype == torch.int8 and supports(x, w) for w in weights)

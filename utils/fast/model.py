@@ -1,17 +1,13 @@
 """The fast decoder's model: the book's Qwen3 with a static KV cache.
 
-Same weights, same state-dict keys and the same numerics as the book's
-`Qwen3Model` (RMSNorm in float32, split-halves RoPE with float32 cos/sin,
-qk-norm, grouped-query attention), arranged the way fast inference code is
-(gpt-fast): the KV cache is preallocated for prompt + new tokens and
-written in place, the position is a tensor and the causal mask a comparison
-against a precomputed `arange`, so every decode step has the same shapes
-and can be compiled or replayed. How a decode step is run (eager, compiled,
-one C call) is `utils.fast.steps`'s business; this module only computes.
-
-Eager code computes the book's operations in the book's order and dtypes;
-its linear layers give exactly `F.linear`'s results (see
-`utils.fast.kernels.linear`).
+Same weights, state-dict keys and numerics as the book's `Qwen3Model`,
+arranged as fast inference code is (gpt-fast): the KV cache is allocated
+for prompt + new tokens and written in place, the position is a tensor and
+the causal mask a comparison with a precomputed `arange`, so every decode
+step has the same shapes and can be compiled or replayed. Eager code runs
+the book's operations in the book's order and dtypes (its linear layers
+give `F.linear`'s bits: `utils.fast.kernels.linear`). How a step is run is
+`utils.fast.steps`'s business.
 """
 
 from __future__ import annotations
@@ -23,6 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from reasoning_from_scratch.qwen3 import RMSNorm, compute_rope_params
+from torch import Tensor
 
 from utils.fast.kernels import (
     get_kernels,
@@ -32,15 +29,6 @@ from utils.fast.kernels import (
     supports,
 )
 from utils.fast.quantize import Int8Linear
-
-__all__ = [
-    "CACHE_ROUND",
-    "KernelLinear",
-    "StaticQwen3",
-    "block_forward",
-    "cache_length_for",
-    "greedy_step",
-]
 
 # Cache lengths are rounded up to this multiple, so nearby prompt lengths
 # reuse one compiled decode step instead of recompiling for every length.
@@ -54,28 +42,22 @@ def cache_length_for(num_tokens: int, context_length: int) -> int:
     return max(num_tokens, min(rounded, context_length))
 
 
-# ---------------------------------------------------------------------------
-# Building blocks (parameter names match the book's modules)
-# ---------------------------------------------------------------------------
-
-
 class KernelLinear(nn.Linear):
     """`nn.Linear` whose single-row (decode) products may use the CPU
-    matrix-vector kernel (bias-free layers only, as in Qwen3); `use_kernel`
-    is set by the model (`use_cpu_matvec`)."""
+    kernel (bias-free layers only); the model sets `use_kernel`."""
 
     use_kernel = False
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         if self.use_kernel and self.bias is None:
             return linear(x, self.weight)
         return F.linear(x, self.weight, self.bias)
 
 
-def project(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
-    """`[layer(x) for layer in layers]` for bias-free layers that share x
-    (q/k/v, gate/up): one kernel call for a decode row when all of them use
-    the CPU kernel, with the same results as calling them one by one."""
+def project(x: Tensor, layers: list[nn.Module]) -> list[Tensor]:
+    """`[layer(x) for layer in layers]` for bias-free layers sharing x
+    (q/k/v, gate/up): one kernel call for a decode row where they all use
+    the CPU kernel, with the same results."""
     if (
         all(getattr(m, "use_kernel", False) for m in layers)
         and x.numel() == x.shape[-1]
@@ -85,12 +67,11 @@ def project(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
         if all(type(m) is Int8Linear for m in layers):
             weights = [m.weight_int8 for m in layers]
             if all(supports(x, w) for w in weights):
-                scales = [m.scales for m in layers]
-                return int8_linear_group(x, weights, scales)
+                return int8_linear_group(x, weights, [m.scales for m in layers])
     return [m(x) for m in layers]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Split-halves RoPE. x: (b, heads, t, head_dim); cos/sin: (t, head_dim)
     float32, already gathered at the token positions."""
     half = x.shape[-1] // 2
@@ -109,7 +90,7 @@ class FeedForward(nn.Module):
         self.fc2 = KernelLinear(emb, hid, bias=False, dtype=dt)
         self.fc3 = KernelLinear(hid, emb, bias=False, dtype=dt)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         gate, up = project(x, [self.fc1, self.fc2])
         return self.fc3(F.silu(gate) * up)
 
@@ -140,40 +121,28 @@ class GroupedQueryAttention(nn.Module):
         self.register_buffer("k_cache", None, persistent=False)
         self.register_buffer("v_cache", None, persistent=False)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor,
-        input_pos: torch.Tensor,
-        kv_len: int | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x, cos, sin, mask, input_pos, kv_len=None) -> Tensor:
         b, t, _ = x.shape
         q, k, v = project(x, [self.W_query, self.W_key, self.W_value])
         q = q.reshape(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = k.reshape(b, t, self.num_kv_groups, self.head_dim).transpose(1, 2)
-        v = v.reshape(b, t, self.num_kv_groups, self.head_dim)
-        v = v.transpose(1, 2)  # (b, kv_groups, t, head_dim)
+        v = v.reshape(b, t, self.num_kv_groups, self.head_dim).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-
-        # Write the new keys/values into their slots (in place, fixed shapes)
+        # new keys/values into their slots, in place (fixed shapes)
         self.k_cache.index_copy_(2, input_pos, k)
         self.v_cache.index_copy_(2, input_pos, v)
-
         # kv_len (eager only) limits attention to the filled slots; the
-        # compiled step always reads the whole static cache, masked
+        # compiled step reads the whole static cache, masked
         keys, values = self.k_cache[:, :, :kv_len], self.v_cache[:, :, :kv_len]
         if torch.compiler.is_compiling():
-            # Compiled decode step: grouped-query attention without copying
-            # keys/values, the query heads that share kv group g (heads
-            # g*r .. g*r+r-1, as repeat_interleave in the book) stacked along
-            # the token axis: (b, heads, t, d) -> (b, kv_groups, r*t, d).
-            # One fused attention call (its float32 internals skip the
-            # book's bf16 rounding of the scores; measured faster here than
-            # float32 scores + softmax left to inductor)
+            # No copies of keys/values: the query heads g*r .. g*r+r-1 that
+            # share kv group g (repeat_interleave in the book) stacked on
+            # the token axis, (b, heads, t, d) -> (b, kv_groups, r*t, d), in
+            # one fused attention call (float32 inside, skipping the book's
+            # bf16 rounding of the scores; faster than float32 scores and
+            # softmax left to inductor)
             r = self.num_heads // self.num_kv_groups
             q = q.reshape(b, self.num_kv_groups, r * t, self.head_dim)
             ctx = F.scaled_dot_product_attention(q, keys, values, attn_mask=~mask)
@@ -183,12 +152,10 @@ class GroupedQueryAttention(nn.Module):
         return self.out_proj(ctx.reshape(b, t, self.num_heads * self.head_dim))
 
     def _book_attention(self, q, keys, values, mask):
-        """Eager attention with the book's operations, shapes, order and
-        dtypes, so bf16 rounds exactly alike and greedy tokens match the
-        book's: q (b, heads, t, d), keys and values repeated per query head
-        as the book does.
-        Stacking the heads on the token axis instead gives other matmul
-        shapes, which oneDNN may add in another order (seen with AMX)."""
+        """The book's attention operations, shapes, order and dtypes, so
+        bf16 rounds alike and greedy tokens match the book's (stacking the
+        heads instead gives other matmul shapes, which oneDNN may add in
+        another order)."""
         r = self.num_heads // self.num_kv_groups
         keys = keys.repeat_interleave(r, dim=1)  # (b, heads, kv_len, d)
         values = values.repeat_interleave(r, dim=1)
@@ -211,11 +178,7 @@ class TransformerBlock(nn.Module):
         return x + self.ff(self.norm2(x))
 
 
-# ---------------------------------------------------------------------------
-# The model
-# ---------------------------------------------------------------------------
-
-BlockFn = Callable[..., torch.Tensor]
+BlockFn = Callable[..., Tensor]
 
 
 def block_forward(block, x, cos, sin, mask, input_pos, kv_len=None):
@@ -231,27 +194,23 @@ class StaticQwen3(nn.Module):
     def __init__(self, cfg: Mapping[str, Any]) -> None:
         super().__init__()
         self.cfg = dict(cfg)
-        self.tok_emb = nn.Embedding(
-            cfg["vocab_size"], cfg["emb_dim"], dtype=cfg["dtype"]
-        )
+        emb, vocab, dt = cfg["emb_dim"], cfg["vocab_size"], cfg["dtype"]
+        self.tok_emb = nn.Embedding(vocab, emb, dtype=dt)
         self.trf_blocks = nn.ModuleList(
             [TransformerBlock(cfg) for _ in range(cfg["n_layers"])]
         )
-        self.final_norm = RMSNorm(cfg["emb_dim"])
-        self.out_head = KernelLinear(
-            cfg["emb_dim"], cfg["vocab_size"], bias=False, dtype=cfg["dtype"]
-        )
-        self.head_dim = cfg["head_dim"] or cfg["emb_dim"] // cfg["n_heads"]
+        self.final_norm = RMSNorm(emb)
+        self.out_head = KernelLinear(emb, vocab, bias=False, dtype=dt)
+        self.head_dim = cfg["head_dim"] or emb // cfg["n_heads"]
         self.register_buffer("cos", None, persistent=False)
         self.register_buffer("sin", None, persistent=False)
         self.register_buffer("positions", None, persistent=False)
-        self._kernel_wanted = True  # applied by apply_cpu_matvec (prefill)
-
-    # -- construction --------------------------------------------------------
+        # what `use_cpu_matvec` last asked for (applied by apply_cpu_matvec)
+        self.cpu_matvec_wanted = True
 
     @classmethod
     def from_state_dict(
-        cls, cfg: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor]
+        cls, cfg: Mapping[str, Any], state_dict: Mapping[str, Tensor]
     ) -> StaticQwen3:
         """Build without random init and adopt the tensors of a book state dict
         (no copy; e.g. `torch.load(path, weights_only=True)`)."""
@@ -282,7 +241,6 @@ class StaticQwen3(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        """Where the model's weights are."""
         return self.final_norm.scale.device
 
     @property
@@ -291,34 +249,25 @@ class StaticQwen3(nn.Module):
         emb = self.tok_emb
         return emb.dtype if hasattr(emb, "weight_int8") else emb.weight.dtype
 
-    # -- CPU matrix-vector kernel ----------------------------------------------
-
     def use_cpu_matvec(self, enabled: bool = True) -> bool:
-        """Choose whether decode steps on CPU use the AVX2 matrix-vector
-        kernel (default: yes). Returns whether it is active now."""
-        self._kernel_wanted = enabled
+        """Whether decode steps on CPU use the matrix-vector kernels
+        (default: yes). Returns whether they are active now."""
+        self.cpu_matvec_wanted = enabled
         return self.apply_cpu_matvec()
-
-    @property
-    def cpu_matvec_wanted(self) -> bool:
-        """What `use_cpu_matvec` last asked for."""
-        return self._kernel_wanted
 
     def apply_cpu_matvec(self) -> bool:
         """Switch the layers' kernel use to what is wanted and possible here
-        (the kernel is built on first use); returns whether it is active."""
+        (the kernels are built on first use); returns whether it is active."""
         on_cpu = self.device.type == "cpu"
-        active = bool(self._kernel_wanted and on_cpu and get_kernels())
+        active = bool(self.cpu_matvec_wanted and on_cpu and get_kernels())
         for module in self.modules():
             if hasattr(module, "use_kernel") and module.use_kernel != active:
                 module.use_kernel = active  # KernelLinear, Int8Linear
         return active
 
     def cpu_matvec_active(self) -> bool:
-        """Whether the linear layers currently use the CPU kernel."""
+        """Whether the linear layers currently use the CPU kernels."""
         return any(getattr(m, "use_kernel", False) for m in self.modules())
-
-    # -- cache -----------------------------------------------------------------
 
     @property
     def cache_shape(self) -> tuple[int, ...] | None:
@@ -330,13 +279,12 @@ class StaticQwen3(nn.Module):
         self, batch_size: int, num_tokens: int, device: torch.device | str | None = None
     ) -> int:
         """Make sure a KV cache for `num_tokens` positions exists (rounded up,
-        see `cache_length_for`); reuses the current one when it has that shape.
-        Returns the cache length."""
+        see `cache_length_for`), reusing the current one when it has that
+        shape. Returns the cache length."""
         device = torch.device(device) if device is not None else self.device
         length = cache_length_for(num_tokens, self.cfg["context_length"])
         dtype = self.activation_dtype
-        n_kv = self.cfg["n_kv_groups"]
-        shape = (batch_size, n_kv, length, self.head_dim)
+        shape = (batch_size, self.cfg["n_kv_groups"], length, self.head_dim)
         kc = self.trf_blocks[0].att.k_cache
         if kc is not None and tuple(kc.shape) == shape and kc.device == device:
             if kc.dtype == dtype:
@@ -344,7 +292,7 @@ class StaticQwen3(nn.Module):
         for block in self.trf_blocks:
             block.att.k_cache = torch.zeros(shape, dtype=dtype, device=device)
             block.att.v_cache = torch.zeros(shape, dtype=dtype, device=device)
-        # Same float32 cos/sin values as the book's buffers, only fewer rows
+        # the book's float32 cos/sin values, only fewer rows
         cos, sin = compute_rope_params(
             self.head_dim, theta_base=self.cfg["rope_base"], context_length=length
         )
@@ -352,24 +300,18 @@ class StaticQwen3(nn.Module):
         self.positions = torch.arange(length, device=device)
         return length
 
-    # -- forward -------------------------------------------------------------
-
     def forward(
         self,
-        idx: torch.Tensor,
-        input_pos: torch.Tensor,
+        idx: Tensor,
+        input_pos: Tensor,
         kv_len: int | None = None,
         block_fn: BlockFn | None = None,
-    ) -> torch.Tensor:
-        """Logits for tokens `idx` (b, t) placed at positions `input_pos` (t,);
-        their keys/values are written into the cache first.
-
-        `kv_len` (a Python int, the number of filled cache slots) lets eager
-        code attend over exactly those slots, which rounds exactly like the
-        book in bf16; None (compiled step) keeps every shape static.
-        `block_fn(block, x, cos, sin, mask, input_pos, kv_len)` runs each
-        layer (default `block_forward`; a compiled block replaces it).
-        """
+    ) -> Tensor:
+        """Logits for tokens `idx` (b, t) at positions `input_pos` (t,), whose
+        keys/values are written into the cache first. `kv_len`, the number
+        of filled cache slots, lets eager code attend over exactly those
+        (rounding like the book in bf16); None (compiled) keeps every shape
+        static. `block_fn` runs each layer (default `block_forward`)."""
         if self.positions is None:
             raise RuntimeError("Call setup_cache(batch_size, num_tokens) first.")
         x = self.tok_emb(idx)  # (b, t, emb_dim)
@@ -383,17 +325,16 @@ class StaticQwen3(nn.Module):
         run_block = block_fn or block_forward
         for block in self.trf_blocks:
             x = run_block(block, x, cos, sin, mask, input_pos, kv_len)
-        x = self.final_norm(x)
-        return self.out_head(x)  # (b, t, vocab_size)
+        return self.out_head(self.final_norm(x))  # (b, t, vocab_size)
 
 
 def greedy_step(
     model: StaticQwen3,
-    cur_token: torch.Tensor,
-    input_pos: torch.Tensor,
+    cur_token: Tensor,
+    input_pos: Tensor,
     kv_len: int | None = None,
     block_fn: BlockFn | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[Tensor, Tensor]:
     """One decode step computed by `model` itself: (next token (b, 1), the
     last position's logits (b, vocab)). Every kind of decode step in
     `utils.fast.steps` is this function, compiled or not, or replaces it."""

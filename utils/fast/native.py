@@ -1,28 +1,21 @@
 """The whole decode step as one C call (CPU, batch 1): the Python side.
 
-The eager step makes about a hundred small torch calls per token (norms,
-RoPE, cache writes, attention, activations) around the matrix-vector
-kernels; on a small CPU those calls cost as much as reading the weights.
-torch.compile removes most of them but takes seconds to minutes to
-compile. `qwen3_decode_step` (csrc/decode_step.c) runs the same step,
-embedding to logits, in one call with no compile at all.
+The eager step makes about a hundred small torch calls per token around the
+matrix-vector products, which on a small CPU cost as much as reading the
+weights; torch.compile removes most of them but takes a while to compile.
+`qwen3_decode_step` (csrc/decode_step.c) runs the step, embedding to
+logits, in one call. It reads the model's own tensors in place (weights
+and KV cache, unlike llama.cpp-style runtimes with their own weight files),
+so prefill, eager and compiled steps can be mixed freely. The C side takes
+one table of pointers whose layout `csrc/step_layout.h` defines and the
+library reports by name (`Library.layout`); this module fills it by name.
 
-Why our own C instead of a library: llama.cpp-style runtimes need their
-own weight files; this step reads the model's tensors in place (the same
-bf16 or int8 weights and KV cache), so prefill, eager and compiled steps
-can be mixed freely. The C side receives one table of pointers whose
-layout `csrc/step_layout.h` defines and the library reports by name
-(`Library.layout`); this module fills the table by those names.
-
-Numerics: bf16 is rounded at the same points as the book's model, but the
-float32 sums inside the small operations (norms, softmax, attention) run in
-their own order, so tokens are close to the eager step's, not guaranteed
-equal (measured by `ch02/03_fast-decoding/agreement.py`).
-
-Kernels: the products run the kernels `utils.fast.dispatch` picks from the
-CPU's features (`kernels` names them). Every kernel of the exact and int8
-classes gives the same bits as the AVX2 one, so the choice changes the
-speed, not the tokens.
+Numerics: bf16 is rounded where the book's model rounds it, but the
+float32 sums of norms, softmax and attention run in their own order, so
+tokens are close to the eager step's, not guaranteed equal
+(`ch02/03_fast-decoding/agreement.py`). The products run the kernels
+`utils.fast.dispatch` picks from the CPU's features; within the exact and
+int8 classes they all give the AVX2 kernel's bits.
 """
 
 from __future__ import annotations
@@ -32,13 +25,12 @@ import operator
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from utils.fast.dispatch import Kernel, choose
+from utils.fast.dispatch import choose
 from utils.fast.hugepages import move_weights_to_huge_pages
 from utils.fast.kernels import get_kernels
 from utils.fast.model import greedy_step
-
-__all__ = ["NativeStep", "unsupported_reason"]
 
 # The layer's linear layers as (weight slot, scales slot, module, attribute)
 _LINEARS = (
@@ -64,7 +56,7 @@ LAYOUT_NAMES = {
 }
 
 
-def _weight(layer: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _weight(layer: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
     """(weight, scales or None) of a KernelLinear or Int8Linear."""
     if hasattr(layer, "weight_int8"):
         return layer.weight_int8, layer.scales
@@ -107,15 +99,14 @@ def _layers_reason(model: Any) -> str | None:
     return None
 
 
-def _int8_used(model: Any) -> bool | None:
-    """True when every product has int8 weights, False when none does,
-    None for a mix."""
+def _classes_used(model: Any) -> list[str]:
+    """The kernel classes the model's products need: "exact" (bf16
+    weights) and/or "int8" (a group's layers are alike: `_layers_reason`)."""
     layers = [model.out_head]
     for block in model.trf_blocks:
-        layers += [getattr(block.att, n) for n in ("W_query", "out_proj")]
-        layers += [getattr(block.ff, n) for n in ("fc1", "fc3")]
+        layers += [block.att.W_query, block.att.out_proj, block.ff.fc1, block.ff.fc3]
     int8 = {_weight(layer)[1] is not None for layer in layers}
-    return None if len(int8) > 1 else int8.pop()
+    return [cls for cls, q in (("exact", False), ("int8", True)) if q in int8]
 
 
 def unsupported_reason(model: Any) -> str | None:
@@ -137,20 +128,19 @@ def unsupported_reason(model: Any) -> str | None:
 
 
 class NativeStep:
-    """The decode step as one C call, for a `StaticQwen3` (a `DecodeStep` of
-    utils.fast.steps): `step(model, cur_token, input_pos, kv_len)` ->
-    (next token (1, 1), logits).
+    """The decode step as one C call for a `StaticQwen3` (a `DecodeStep`):
+    `step(model, cur_token, input_pos, kv_len)` -> (next token (1, 1),
+    logits). Other batches, and a model set to `use_cpu_matvec(False)`,
+    take the eager step. Its bf16 products add in ATen's dot order (the
+    exact class of kernels).
 
-    Batches other than 1 (and a model set to `use_cpu_matvec(False)`)
-    take the eager step. The bf16 products sum in ATen's dot order (the
-    exact class of kernels). `kernels` forces kernels as
-    $QWEN3_KERNEL_VARIANTS does ("default", or names); None: that variable,
-    else the rules' choice for this CPU (`utils.fast.dispatch`).
-    It reads the weights the model had when it was made (and keeps them
-    alive); a FastQwen3 renews or drops it when its weights are replaced.
-    Where Linux has transparent huge pages, the bf16 weights it streams are
-    first moved onto 2 MB pages, in place (same Parameters, same values:
-    `utils.fast.hugepages`)."""
+    `kernels` forces kernels as $QWEN3_KERNEL_VARIANTS does ("default", or
+    names); None: that variable, else the rules' choice for this CPU
+    (`utils.fast.dispatch`); the attribute `kernels` holds the kernel per
+    class the products run. The step reads (and keeps alive) the weights
+    the model had when it was made; a FastQwen3 renews or drops it when
+    they are replaced. Its bf16 weights are first moved onto 2 MB pages
+    where Linux has them (in place: `utils.fast.hugepages`)."""
 
     kind = "native"
     fresh_outputs = True  # new logits and token tensors every call
@@ -167,7 +157,7 @@ class NativeStep:
         self._l = {name: i for i, name in enumerate(layout["layer"])}
         self._d = {name: i for i, name in enumerate(layout["dims"])}
         # every tensor the table points at (weights, float32 norm copies)
-        self._keep: list[torch.Tensor] = []
+        self._keep: list[Tensor] = []
         cfg = model.cfg
         self._vocab = cfg["vocab_size"]
         dims = {
@@ -181,30 +171,19 @@ class NativeStep:
             self._dims[self._d[name]] = value
         self._eps = float(model.final_norm.eps)
         self._table = array.array("Q", self._static_table(model))
-        self._atts = [block.att for block in model.trf_blocks]
         # the dicts nn.Module keeps the caches in: read per step, far cheaper
         # than an attribute read through Module.__getattr__ per cache
-        self._cache_dicts = [a._buffers for a in self._atts]
+        self._cache_dicts = [block.att._buffers for block in model.trf_blocks]
         # the cos/sin and cache tensors the table points at, held so their
         # memory cannot be freed and reused while the table names it
-        self._cache_refs: tuple[torch.Tensor, ...] = ()
+        self._cache_refs: tuple[Tensor, ...] = ()
         self._cache_ok = False  # whether those caches are ones the C step takes
-        self._keep_cache: tuple[torch.Tensor, ...] = ()
-        self._outputs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._keep_cache: tuple[Tensor, ...] = ()
+        self._outputs: list[tuple[Tensor, Tensor]] = []
         self._ints = array.array("q", [0, 0])  # see _token_and_pos
         chosen = choose(self._kernels, ("exact", "int8"), setting=kernels)
-        self._chosen = chosen
         self._indices = array.array("i", [chosen["exact"].index, chosen["int8"].index])
-        self._int8 = _int8_used(model)
-
-    @property
-    def kernels(self) -> dict[str, Kernel]:
-        """The kernel per class the step's products run: "exact" (bf16
-        weights) and/or "int8", as the model's layers need."""
-        used = ("int8",) if self._int8 is True else ("exact",)
-        if self._int8 is None:
-            used = ("exact", "int8")
-        return {cls: self._chosen[cls] for cls in used}
+        self.kernels = {cls: chosen[cls] for cls in _classes_used(model)}
 
     def describe(self) -> str:
         """One line for the reader, e.g. "bf16_exact_avx2, int8_avx2"."""
@@ -219,14 +198,14 @@ class NativeStep:
         """The address the table gives the C step for cos (for the tests)."""
         return self._table[self._g["COS"]]
 
-    def _hold(self, t: torch.Tensor | None) -> int:
+    def _hold(self, t: Tensor | None) -> int:
         """t's address (0 for None), kept alive as long as this step."""
         if t is None:
             return 0
         self._keep.append(t)
         return t.data_ptr()
 
-    def _f32(self, t: torch.Tensor | None) -> int:
+    def _f32(self, t: Tensor | None) -> int:
         """A float32 contiguous copy of t (a norm's scale), held; 0 for None."""
         return 0 if t is None else self._hold(t.detach().float().contiguous())
 
@@ -245,17 +224,13 @@ class NativeStep:
         return slots  # KC, VC: filled per cache
 
     def _static_table(self, model: Any) -> list[int]:
-        emb = model.tok_emb
-        if hasattr(emb, "weight_int8"):
-            emb_t = [emb.weight_int8, emb.scales]
-        else:
-            emb_t = [emb.weight]
-        if not all(t.is_contiguous() for t in emb_t):
+        emb_w, emb_s = _weight(model.tok_emb)
+        if not all(t is None or t.is_contiguous() for t in (emb_w, emb_s)):
             raise ValueError("native decode step: the embedding must be contiguous")
         head_w, head_s = _weight(model.out_head)
         table = [0] * len(self._g)  # COS, SIN: filled per cache
-        table[self._g["EMB"]] = self._hold(emb_t[0])
-        table[self._g["EMB_SCALE"]] = self._hold(emb_t[1] if len(emb_t) > 1 else None)
+        table[self._g["EMB"]] = self._hold(emb_w)
+        table[self._g["EMB_SCALE"]] = self._hold(emb_s)
         table[self._g["FINAL_NORM"]] = self._f32(model.final_norm.scale)
         table[self._g["HEAD"]] = self._hold(head_w)
         table[self._g["HEAD_SCALE"]] = self._hold(head_s)
@@ -263,25 +238,21 @@ class NativeStep:
             table += self._layer_slots(block)
         return table
 
-    def _current_cache(self, model: Any) -> list[torch.Tensor | None]:
-        """[cos, sin, k_cache 0, v_cache 0, ...]: what the table must name."""
-        current = [model._buffers["cos"], model._buffers["sin"]]
-        for buffers in self._cache_dicts:
-            current += (buffers["k_cache"], buffers["v_cache"])
-        return current
-
     def _point_at_cache(self, model: Any) -> bool:
         """Point the table at the model's current cache and cos/sin rows
         (checked by identity each step: a few microseconds); False when the
         cache is one the C step cannot take (none, a batch, not bf16)."""
-        current = self._current_cache(model)
+        current = [model._buffers["cos"], model._buffers["sin"]]
+        for buffers in self._cache_dicts:
+            current += (buffers["k_cache"], buffers["v_cache"])
         held = self._cache_refs
         if len(held) == len(current) and all(map(operator.is_, current, held)):
             return self._cache_ok
         caches = current[2:]
         self._cache_refs, self._cache_ok = tuple(current), False
-        if not all(c is not None and c.shape[0] == 1 for c in caches) or not all(
-            c.dtype == torch.bfloat16 for c in caches
+        if not all(
+            c is not None and c.shape[0] == 1 and c.dtype == torch.bfloat16
+            for c in caches
         ):
             return False
         if not all(t.is_contiguous() for t in caches):
@@ -291,7 +262,7 @@ class NativeStep:
         self._table[self._g["COS"]] = cos.data_ptr()
         self._table[self._g["SIN"]] = sin.data_ptr()
         per_layer, kc, vc = len(self._l), self._l["KC"], self._l["VC"]
-        for i in range(len(self._atts)):
+        for i in range(len(self._cache_dicts)):
             base = len(self._g) + i * per_layer
             self._table[base + kc] = caches[2 * i].data_ptr()
             self._table[base + vc] = caches[2 * i + 1].data_ptr()
@@ -302,25 +273,19 @@ class NativeStep:
         self._cache_ok = True
         return True
 
-    def _token_and_pos(
-        self, cur_token: torch.Tensor, input_pos: torch.Tensor
-    ) -> tuple[int, int]:
+    def _token_and_pos(self, cur_token: Tensor, input_pos: Tensor) -> tuple[int, int]:
         """Addresses of the token and the (first) position as int64, for
         C to read: the tensors' own where they hold int64 on the CPU, else
         copies in this step's own two slots."""
-        if (
-            cur_token.dtype is torch.int64
-            and input_pos.dtype is torch.int64
-            and input_pos.is_cpu
-            and input_pos.numel() > 0
-        ):
-            return cur_token.data_ptr(), input_pos.data_ptr()
+        if cur_token.dtype is torch.int64 and input_pos.dtype is torch.int64:
+            if input_pos.is_cpu and input_pos.numel() > 0:
+                return cur_token.data_ptr(), input_pos.data_ptr()
         self._ints[0] = int(cur_token)
         self._ints[1] = int(input_pos.reshape(-1)[0])
         address = self._ints.buffer_info()[0]
         return address, address + self._ints.itemsize
 
-    def _fresh_outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _fresh_outputs(self) -> tuple[Tensor, Tensor]:
         """New logits (1, vocab) and token (1, 1) tensors for one step,
         made OUTPUTS_AHEAD pairs at a time: a torch.empty with the caches
         cold after a step costs many times one made right after another.
@@ -339,15 +304,13 @@ class NativeStep:
     def __call__(
         self,
         model: Any,
-        cur_token: torch.Tensor,
-        input_pos: torch.Tensor,
+        cur_token: Tensor,
+        input_pos: Tensor,
         kv_len: int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # Each torch call here runs from cold caches (the step's weights
-        # have just streamed through them): tens of microseconds each, so
-        # the checks are few (the cache's shape and dtype are checked when
-        # it changes), C reads the token and the position where the tensors
-        # hold them and writes into outputs made ahead (_fresh_outputs).
+    ) -> tuple[Tensor, Tensor]:
+        # Torch calls here run from cold caches (the weights have just
+        # streamed through): the checks are few, C reads the token and
+        # position in place and writes into outputs made ahead.
         if not (
             cur_token.is_cpu
             and cur_token.shape == (1, 1)

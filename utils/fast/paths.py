@@ -1,11 +1,9 @@
 """The fast decoder's one door: a registry of decode paths.
 
-Everything outside `utils/fast/` (the benchmark, the command line, the
-streamer behind the notebooks' generation panel, the bonus scripts) asks
-this table what paths exist, whether one can run here, and how to build it
-for a loaded book model; none of them decides paths itself. Offering a new
-path everywhere is one `DecodePath` entry (its builder is `DecodePath.build`,
-driven by the entry's fields).
+The benchmark, the command line, the generation panel's streamer and the
+bonus scripts ask this table what paths exist, whether one can run here
+and how to build it for a loaded book model; none decides paths itself.
+Offering a new path everywhere is one `DecodePath` entry.
 """
 
 from __future__ import annotations
@@ -17,8 +15,6 @@ from typing import Any
 import torch
 
 from utils.log import get_logger
-
-__all__ = ["PATHS", "DecodePath", "describe_step", "get_path", "path_for"]
 
 _log = get_logger(__name__)
 
@@ -72,17 +68,18 @@ class DecodePath:
         max_new_tokens: int | None = None,
         adopt: bool = False,
     ) -> Any:
-        """The fast model for `book_model` on this path (its weights shared,
-        not copied). `token_ids` and `max_new_tokens` let a `fastest` path
-        time the steps at the size it will run. `adopt`: the fast model
-        takes the book model's weights over (the book model is left empty),
-        so int8 quantization can free each bf16 matrix as it goes."""
+        """The fast model for `book_model` on this path (weights shared, not
+        copied); `token_ids` and `max_new_tokens` let a `fastest` path time
+        the steps at the size it will run. `adopt`: the book model is left
+        empty, so int8 quantization can free each bf16 matrix as it goes."""
         from utils.fast.quantize import quantize_int8
         from utils.fast.steps import FastQwen3
 
         fast = FastQwen3.from_book_model(book_model)
-        if adopt:
-            _empty(book_model)
+        if adopt:  # drop the book model's references to the weights
+            for module in book_model.modules():
+                for name in list(module._parameters):
+                    module._parameters[name] = None
         if self.int8:
             quantize_int8(fast)
             _log.info("%s: %s", self.name, INT8_NOTE)
@@ -94,14 +91,6 @@ class DecodePath:
             _log.info("%s: one C call per token (%s)", self.name,
                       describe_step(fast))  # fmt: skip
         return fast
-
-
-def _empty(model: torch.nn.Module) -> None:
-    """Drop every parameter reference of `model` (its weights now belong to
-    the fast model built from it)."""
-    for module in model.modules():
-        for name in list(module._parameters):
-            module._parameters[name] = None
 
 
 def _pick(fast: Any, token_ids: torch.Tensor, max_new_tokens, scope: str) -> None:
@@ -161,12 +150,11 @@ def path_for(
     compile: bool = False,
     say: Callable[[str], Any] | None = None,
 ) -> DecodePath:
-    """The path that the command line's `--fast [--int8] [--compile]` and
-    the generation panel's switches mean on `device`: with compile, the
-    fastest of eager, compiled and native as timed here; else on a CPU the
-    native step where it can run; else eager. ValueError for int8 off the
-    CPU. When the native step cannot run, one line says why (`say`, default
-    the logger)."""
+    """The path the command line's `--fast [--int8] [--compile]` and the
+    generation panel's switches mean on `device`: with compile, the fastest
+    as timed here; else on a CPU the native step where it can run (else one
+    line says why: `say`, default the logger); else eager. ValueError for
+    int8 off the CPU."""
     int8_tag = "_int8" if int8 else ""
     if int8 and torch.device(device).type != "cpu":
         raise ValueError("int8 weights run on a CPU only; use --device cpu")

@@ -3,18 +3,12 @@
 Each linear layer's weight becomes int8 with one float32 scale per output
 row (symmetric, absmax / 127); activations stay in the model's dtype. On
 CPUs a decode row goes through the int8 kernel (`utils.fast.kernels`),
-which reads half the bytes of bf16 and rounds the input vector to 16-bit
-fixed point for integer multiply-adds (finer than bf16's 8-bit mantissa for
-all but entries far below the largest one). The token embedding becomes
-int8 too; tied to the output layer (Qwen3 0.6B) it reads the same int8
-table, so no bf16 matrix is kept.
-
-`quantize_int8` converts a model layer by layer and lets go of each bf16
+which reads half the bytes of bf16 and rounds the input to 16-bit fixed
+point (finer than bf16 for all but entries far below the largest one).
+The token embedding becomes int8 too; tied to the output layer (Qwen3
+0.6B) it reads the same int8 table. `quantize_int8` lets go of each bf16
 weight as soon as its int8 copy exists, so the model never holds both.
-On the CPU the int8 weights are written into one block on transparent
-huge pages (`int8_block`), which the int8 step streams faster.
-How close the result stays to bf16 is measured by
-`ch02/03_fast-decoding/agreement.py`.
+How close the result stays to bf16: `ch02/03_fast-decoding/agreement.py`.
 """
 
 from __future__ import annotations
@@ -24,33 +18,23 @@ import sys
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch import Tensor
 
 from utils.fast.hugepages import huge_page_empty, page_out
 from utils.fast.kernels import int8_linear, supports
 
-__all__ = [
-    "Int8Embedding",
-    "Int8Linear",
-    "int8_block",
-    "quantize_int8",
-    "quantize_weight",
-]
-
 
 def quantize_weight(
-    weight: torch.Tensor,
-    rows_per_chunk: int = 256,
-    out: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 weight, float32 scales (rows,)) with weight ~= q * scales[:, None].
-    Works in place on one small float32 chunk of rows at a time: large
-    temporaries would stay in the process's heap and raise its peak memory.
-    `out`, an int8 tensor of the weight's shape, receives q if given."""
+    weight: Tensor, rows_per_chunk: int = 256, out: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """(int8 weight, float32 scales (rows,)) with weight ~= q * scales[:, None],
+    in place on one small float32 chunk of rows at a time (large temporaries
+    would stay in the process's heap). `out`, an int8 tensor of the weight's
+    shape, receives q if given."""
     w = weight.detach()
     n_rows, n_cols = w.shape
     if out is None:
         out = torch.empty(w.shape, dtype=torch.int8, device=w.device)
-    q = out
     scales = torch.empty(n_rows, dtype=torch.float32, device=w.device)
     buf = torch.empty(
         (min(rows_per_chunk, n_rows), n_cols), dtype=torch.float32, device=w.device
@@ -62,9 +46,9 @@ def quantize_weight(
         low, high = torch.aminmax(rows, dim=1)
         s = torch.maximum(high, low.neg()).clamp_(min=1e-12).div_(127.0)
         rows.div_(s[:, None]).round_().clamp_(-127, 127)
-        q[start:stop].copy_(rows)
+        out[start:stop].copy_(rows)
         scales[start:stop] = s
-    return q, scales
+    return out, scales
 
 
 class Int8Linear(nn.Module):
@@ -72,26 +56,23 @@ class Int8Linear(nn.Module):
 
     use_kernel = False  # set by FastQwen3: single rows use the CPU kernel
 
-    def __init__(self, weight_int8: torch.Tensor, scales: torch.Tensor) -> None:
+    def __init__(self, weight_int8: Tensor, scales: Tensor) -> None:
         super().__init__()
         self.out_features, self.in_features = weight_int8.shape
         self.register_buffer("weight_int8", weight_int8)  # (out, in)
         self.register_buffer("scales", scales)  # (out,) float32
 
     @classmethod
-    def from_linear(
-        cls, linear: nn.Linear, out: torch.Tensor | None = None
-    ) -> Int8Linear:
+    def from_linear(cls, linear: nn.Linear, out: Tensor | None = None) -> Int8Linear:
         """Quantize `linear`'s weight (its bias must be None), into `out`
         if given (an int8 tensor of the weight's shape)."""
         if linear.bias is not None:
             raise ValueError("Int8Linear handles bias-free layers only (as in Qwen3)")
         return cls(*quantize_weight(linear.weight, out=out))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         if self.use_kernel and supports(x, self.weight_int8):
             return int8_linear(x, self.weight_int8, self.scales)
-        lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         scales = self.scales.to(x.dtype)
         if x.device.type == "cpu":
@@ -99,39 +80,33 @@ class Int8Linear(nn.Module):
             out = torch._weight_int8pack_mm(x2, self.weight_int8, scales)
         else:
             out = F.linear(x2, self.weight_int8.to(x.dtype)) * scales
-        return out.view(*lead, self.out_features)
+        return out.view(*x.shape[:-1], self.out_features)
 
 
 class Int8Embedding(nn.Module):
     """Token embedding read from an int8 table with one float32 scale per
-    row; with tied weights it shares the output layer's int8 table (Qwen3
-    0.6B), so the 311 MB bf16 table is not kept at all."""
+    row; with tied weights it shares the output layer's int8 table, so no
+    bf16 table is kept."""
 
-    is_embedding = True  # one row read per token (see benchmark)
+    is_embedding = True  # one row read per token (see utils.fast.bandwidth)
 
-    def __init__(
-        self, weight_int8: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
-    ) -> None:
+    def __init__(self, weight_int8: Tensor, scales: Tensor, dtype: torch.dtype) -> None:
         super().__init__()
         self.num_embeddings, self.embedding_dim = weight_int8.shape
         self.dtype = dtype  # what forward returns (the model's dtype)
         self.register_buffer("weight_int8", weight_int8)
         self.register_buffer("scales", scales)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: Tensor) -> Tensor:
         rows = F.embedding(idx, self.weight_int8).to(torch.float32)
         return (rows * self.scales[idx].unsqueeze(-1)).to(self.dtype)
 
 
-def int8_block(shapes: list[tuple[int, int]]) -> list[torch.Tensor]:
+def int8_block(shapes: list[tuple[int, int]]) -> list[Tensor]:
     """Empty int8 CPU tensors of `shapes`, back to back (64-byte aligned) in
-    one allocation that starts on a 2 MB boundary; its whole 2 MB pages are
-    advised as transparent huge pages (MADV_HUGEPAGE) before anything is
-    written, the partial last one is left on 4 KB pages (no extra memory).
-
-    Why: the int8 decode step streams every weight once per token, and it
-    reads faster from 2 MB pages (see utils.fast.hugepages); tensors
-    allocated one by one rarely cover a whole aligned 2 MB page."""
+    one `huge_page_empty` block: the int8 step streams every weight once
+    per token, faster from 2 MB pages, and tensors allocated one by one
+    rarely cover a whole aligned 2 MB page."""
     offsets, total = [], 0
     for rows, cols in shapes:
         offsets.append(total)
@@ -145,16 +120,15 @@ def int8_block(shapes: list[tuple[int, int]]) -> list[torch.Tensor]:
 
 def quantize_int8(model: nn.Module, include_head: bool = True) -> nn.Module:
     """Replace the bias-free `nn.Linear` layers of `model` (in place) with
-    `Int8Linear`, one layer at a time; `include_head=False` keeps `out_head`.
-    A `tok_emb` tied to a quantized `out_head` becomes an `Int8Embedding` on
-    the same int8 table; an untied one gets its own.
+    `Int8Linear`, one at a time; `include_head=False` keeps `out_head`. A
+    `tok_emb` tied to a quantized `out_head` becomes an `Int8Embedding` on
+    the same int8 table; an untied one gets its own. On the CPU the int8
+    weights share one `int8_block`.
 
-    Approximate: logits change slightly, greedy tokens mostly not. The bf16
-    weights are released as they go unless something else holds them (e.g.
-    the book model a FastQwen3 was wrapped around). Afterwards a model with
-    an `on_layers_replaced()` method is told (FastQwen3 drops a decode step
-    built for the old layers).
-    """
+    Approximate: logits change slightly, greedy tokens mostly not. Each
+    bf16 weight is released unless something else holds it (e.g. the book
+    model a FastQwen3 was wrapped around). Afterwards a model with an
+    `on_layers_replaced()` method is told (FastQwen3 drops its step)."""
     targets = [
         (name, module)
         for name, module in model.named_modules()
@@ -168,8 +142,7 @@ def quantize_int8(model: nn.Module, include_head: bool = True) -> nn.Module:
     own_emb = emb if emb is not None and not tied and include_head else None
     slots = _slots(own_emb, targets)  # laid out in the model's order
     # The two largest matrices first (an untied embedding, then the head):
-    # quantized before the rest, their bf16 pages and int8 copies are the
-    # peak's only large parts; last, they came on top of every int8 layer.
+    # their bf16 pages and int8 copies are then the peak's only large parts
     targets.sort(key=lambda target: target[0] != "out_head")
     with torch.no_grad():
         if own_emb is not None:
@@ -197,16 +170,14 @@ def quantize_int8(model: nn.Module, include_head: bool = True) -> nn.Module:
 
 def _slots(
     emb: nn.Embedding | None, targets: list[tuple[str, nn.Linear]]
-) -> dict[str, torch.Tensor]:
+) -> dict[str, Tensor]:
     """{layer name ("" for the embedding): its int8 tensor in one
     `int8_block`}, or {} unless every weight is on the CPU."""
-    named = [("", emb)] if emb is not None else []
-    named += targets
+    named = ([("", emb)] if emb is not None else []) + targets
     if not named or any(m.weight.device.type != "cpu" for _, m in named):
         return {}
-    shapes = [tuple(m.weight.shape) for _, m in named]
-    names = [name for name, _ in named]
-    return dict(zip(names, int8_block(shapes), strict=True))
+    blocks = int8_block([tuple(m.weight.shape) for _, m in named])
+    return dict(zip([name for name, _ in named], blocks, strict=True))
 
 
 def _release(module: nn.Module) -> None:

@@ -1,19 +1,12 @@
 """Decode steps, and prefill / decode / generate with them (gpt-fast style).
 
 A decode step turns one token (b, 1) at one position into the next token
-and the logits. Three kinds implement the one `DecodeStep` protocol:
-
-* `EagerStep`: the model's own forward (`greedy_step`), attending
-  over exactly the filled cache slots;
-* `CompiledStep`: the whole step as one torch.compile graph (replayed with
-  CUDA graphs on CUDA), or only the transformer block, compiled once for
-  all layers (a short compile for a reader's first run); if compiling
-  fails it says so in one line and runs eager from then on;
-* `NativeStep` (`utils.fast.native`): the whole step as one C call on CPUs.
-
-`FastQwen3` is the model with a chosen step; `generate` streams `(batch, 1)`
-tokens exactly like the book's `generate_text_basic_stream_cache`, and
-`pick_faster` times the kinds on this machine and keeps the fastest.
+and the logits. Three kinds implement the `DecodeStep` protocol: the
+model's own forward (`EagerStep`), a torch.compile'd step or block
+(`CompiledStep`), and the whole step as one C call on CPUs (`NativeStep`,
+`utils.fast.native`). `FastQwen3` is the model with a chosen step;
+`generate` streams tokens exactly like the book's
+`generate_text_basic_stream_cache`; `pick_faster` keeps the fastest kind.
 """
 
 from __future__ import annotations
@@ -23,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import torch
+from torch import Tensor
 
 from utils.device import synchronize
 from utils.fast.model import StaticQwen3, block_forward, greedy_step
@@ -32,17 +26,6 @@ from utils.log import get_logger
 
 _log = get_logger(__name__)
 
-__all__ = [
-    "CompiledStep",
-    "DecodeStep",
-    "EagerStep",
-    "FastQwen3",
-    "decode_one_token",
-    "generate",
-    "pick_faster",
-    "prefill",
-]
-
 
 class DecodeStep(Protocol):
     """`step(model, cur_token (b, 1), input_pos (1,), kv_len)` -> (next
@@ -50,16 +33,11 @@ class DecodeStep(Protocol):
     slots, is a hint that static-shape steps ignore."""
 
     kind: str  # "eager", "compiled" or "native"
-    # True: each call returns new tensors (no copies needed to keep them)
-    fresh_outputs: bool
+    fresh_outputs: bool  # each call returns new tensors (no copies needed)
 
     def __call__(
-        self,
-        model: StaticQwen3,
-        cur_token: torch.Tensor,
-        input_pos: torch.Tensor,
-        kv_len: int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+        self, model: StaticQwen3, cur_token: Tensor, input_pos: Tensor, kv_len=None
+    ) -> tuple[Tensor, Tensor]: ...
 
 
 class EagerStep:
@@ -103,9 +81,8 @@ class CompiledStep:
 
         separate_inductor_cache()
         if scope == "block":
-            return cls(
-                block_fn=torch.compile(block_forward, **compile_kwargs), scope=scope
-            )
+            block_fn = torch.compile(block_forward, **compile_kwargs)
+            return cls(block_fn=block_fn, scope=scope)
         return cls(torch.compile(greedy_step, **compile_kwargs), scope=scope)
 
     def __call__(self, model, cur_token, input_pos, kv_len=None):
@@ -137,9 +114,8 @@ def _renew_native_step(model: FastQwen3, incompatible: Any) -> None:
 
 
 class FastQwen3(StaticQwen3):
-    """The static-cache Qwen3 (`StaticQwen3`) with the decode step that
-    `generate` uses: eager by default, or compiled (`compile_decode`), or
-    native (`use_native_step`)."""
+    """`StaticQwen3` with the decode step that `generate` uses: eager by
+    default, compiled (`compile_decode`) or native (`use_native_step`)."""
 
     def __init__(self, cfg: Mapping[str, Any]) -> None:
         super().__init__(cfg)
@@ -150,7 +126,7 @@ class FastQwen3(StaticQwen3):
 
     @property
     def decode_step(self) -> DecodeStep:
-        """The step `decode_one_token` and `generate` use."""
+        """The step `decode_one_token` and `generate` use (None sets eager)."""
         return self._step
 
     @decode_step.setter
@@ -171,13 +147,11 @@ class FastQwen3(StaticQwen3):
         """Compile the decode step used by `generate`.
 
         scope="step": the whole step as one graph (fastest per token; on
-        CUDA replayed with CUDA graphs, mode="reduce-overhead"; on CPU plain
-        inductor, whose fused loops around the matrix-vector kernel leave
-        little but the weight reads). scope="block": only the transformer
-        block, compiled once and reused by every layer (all layers have the
-        same shapes), the rest eager: a fraction of the compile time, a
-        little slower per token. If compiling fails, generation falls back
-        to eager with a one-line message."""
+        CUDA replayed with CUDA graphs, mode="reduce-overhead"). scope=
+        "block": only the transformer block, compiled once for every layer
+        (all have the same shapes), the rest eager: a fraction of the
+        compile time, a little slower per token. If compiling fails,
+        generation falls back to eager with a one-line message."""
         if scope not in ("step", "block"):
             raise ValueError(f'scope must be "step" or "block", got {scope!r}')
         if mode is None and options is None and self.device.type == "cuda":
@@ -201,11 +175,10 @@ class FastQwen3(StaticQwen3):
         return unsupported_reason(self)
 
     def use_native_step(self, enabled: bool = True, kernels: str | None = None) -> bool:
-        """Run each decode step (batch 1, CPU) as one C call, no compile
-        needed (close to, not bit-equal with, eager). Replaces a compiled
-        step. `kernels` forces kernels (see `NativeStep`). Returns whether
-        it is on; where it cannot run, says why in one line on stderr and
-        keeps the current step."""
+        """Run each decode step (batch 1, CPU) as one C call (close to, not
+        bit-equal with, eager), in place of a compiled step; `kernels`
+        forces kernels (see `NativeStep`). Returns whether it is on; where
+        it cannot run, says why in one line and keeps the current step."""
         if not enabled:
             if self.decode_native():
                 self.decode_step = None
@@ -223,15 +196,8 @@ class FastQwen3(StaticQwen3):
         return isinstance(self.decode_step, NativeStep)
 
 
-# ---------------------------------------------------------------------------
-# Prefill / decode / generate
-# ---------------------------------------------------------------------------
-
-
 @torch.inference_mode()
-def prefill(
-    model: StaticQwen3, token_ids: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def prefill(model: StaticQwen3, token_ids: Tensor) -> tuple[Tensor, Tensor]:
     """Run the prompt (b, t) from position 0, filling the cache; returns the
     greedy next token (b, 1) and the last position's logits (b, vocab)."""
     model.apply_cpu_matvec()
@@ -242,18 +208,15 @@ def prefill(
 
 @torch.inference_mode()
 def decode_one_token(
-    model: StaticQwen3,
-    cur_token: torch.Tensor,
-    input_pos: torch.Tensor,
-    kv_len: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    model: StaticQwen3, cur_token: Tensor, input_pos: Tensor, kv_len: int | None = None
+) -> tuple[Tensor, Tensor]:
     """One decode step: token (b, 1) at position `input_pos` (shape (1,)) ->
     (next token (b, 1), logits (b, vocab)), with the model's decode step
     (eager for a plain StaticQwen3: over `kv_len` cache slots when given)."""
     step = getattr(model, "decode_step", EAGER)
     next_token, logits = step(model, cur_token, input_pos, kv_len)
     if getattr(step, "fresh_outputs", False):
-        return next_token, logits  # the native step: new tensors each call
+        return next_token, logits
     # CUDA graphs reuse their output memory on the next replay: keep copies
     return next_token.clone(), logits.clone()
 
@@ -268,10 +231,10 @@ def _check_fast_model(model: Any) -> None:
 
 def generate(
     model: FastQwen3,
-    token_ids: torch.Tensor,
+    token_ids: Tensor,
     max_new_tokens: int,
     eos_token_id: int | None = None,
-) -> Iterator[torch.Tensor]:
+) -> Iterator[Tensor]:
     """Yield greedy tokens (shape (batch, 1)) like the book's
     `generate_text_basic_stream_cache`: stop when every sequence produced
     `eos_token_id`, never yielding it or anything after it."""
@@ -281,7 +244,7 @@ def generate(
 
 
 @torch.inference_mode()
-def _all_eos(token: torch.Tensor, eos_token_id: int) -> bool:
+def _all_eos(token: Tensor, eos_token_id: int) -> bool:
     """Whether every row's token is EOS; on CPU through one `tolist`, where
     `torch.all(token == eos)` takes three torch calls (each slow with the
     caches cold after a step's weights streamed through)."""
@@ -323,7 +286,7 @@ def _generate(model, token_ids, max_new_tokens, eos_token_id):
 
 
 def _time_step(
-    model: FastQwen3, step: DecodeStep, token_ids: torch.Tensor, length: int, steps: int
+    model: FastQwen3, step: DecodeStep, token_ids: Tensor, length: int, steps: int
 ) -> tuple[float, float]:
     """(first step's seconds, median of the other `steps`) with `step`, from
     a fresh prefill; waits for the device before each reading."""
@@ -343,7 +306,7 @@ def _time_step(
 
 def pick_faster(
     model: FastQwen3,
-    token_ids: torch.Tensor,
+    token_ids: Tensor,
     steps: int = 6,
     max_new_tokens: int | None = None,
     scope: str = "step",
@@ -351,11 +314,11 @@ def pick_faster(
 ) -> dict[str, Any]:
     """Time `steps` decode steps eager, compiled (compiling first with
     `scope`, if not compiled yet) and, with `native` where it can run, as
-    one C call (`use_native_step`); keep the fastest. Give the
-    `max_new_tokens` you will generate, so the cache (and compiled code) has
-    the size `generate` will use. Returns {"choice": "eager"|"compiled"|
-    "native", "eager_s", "compiled_s", "native_s" (None if not timed),
-    "compile_s"} (median seconds per step; compile_s = first compiled step)."""
+    one C call; keep the fastest. Give the `max_new_tokens` you will
+    generate, so the cache (and compiled code) has the size `generate`
+    will use. Returns {"choice": "eager"|"compiled"|"native", "eager_s",
+    "compiled_s", "native_s" (None if not timed), "compile_s"}: median
+    seconds per step; compile_s, the first compiled step."""
     _check_fast_model(model)
     if not isinstance(model.decode_step, CompiledStep):
         model.compile_decode(scope=scope)
