@@ -3,8 +3,9 @@
 Same code cells in the same order (comments may be translated), the same
 checked outputs, every notebook present, the markdown actually translated,
 every chart label the notebooks pass to `chart_text` translated, the book's
-listings under the Chinese edition's captions, and no hard line break
-between two CJK characters (it renders as a stray space).
+listings under the Chinese edition's captions, and no line break next to a
+full-width character in any notebook, `*.zh.md` or the README's Chinese part
+(it renders as a stray space).
 """
 
 from __future__ import annotations
@@ -18,18 +19,15 @@ import nbformat
 import pytest
 
 from tests import book_text
+from tests.markdown_text import breaks_next_to_full_width, chinese_markdown
 from utils.plotting import ZH_CHART_TEXT
 
 ROOT = Path(__file__).resolve().parents[1]
 EN_DIR = ROOT / "ch02" / "01_main-chapter-code"
 ZH_DIR = EN_DIR / "zh"
 CJK = re.compile(r"[\u4e00-\u9fff]")
-# CJK characters and punctuation: a line break between two of them renders
-# as a space in JupyterLab and on GitHub ("矩阵-向量 内核")
-_WIDE = "\u3000-\u303f\u4e00-\u9fff\uff00-\uffef"
-CJK_BREAK = re.compile(rf"[{_WIDE}]\n(?:> ?|[ \t]*)[{_WIDE}]")
-# Every Chinese Markdown file, and the root README (its 中文快速上手 part).
-ZH_DOCS = sorted((ROOT / "ch02").glob("**/*.zh.md")) + [ROOT / "README.md"]
+# Every `*.zh.md`, the README's 中文快速上手 part (the notebooks: below).
+ZH_DOCS = [d for d in chinese_markdown() if d.path.suffix == ".md"]
 
 
 def load_sync():
@@ -95,38 +93,97 @@ def test_zh_markdown_is_translated(en_path):
     assert titles and CJK.search(titles[0]), "the first markdown cell is the title"
 
 
-def cjk_breaks(markdown: str) -> list[str]:
-    """Each hard line break between two CJK characters, outside code blocks."""
-    prose = re.sub(r"```.*?```", "", markdown, flags=re.S)
-    return [
-        prose[max(0, m.start() - 12) : m.end() + 12] for m in CJK_BREAK.finditer(prose)
-    ]
-
-
-@pytest.mark.parametrize("en_path", ENGLISH, ids=lambda p: p.stem)
-def test_zh_markdown_has_no_line_break_between_cjk_characters(en_path):
-    zh = nbformat.read(ZH_DIR / en_path.name, as_version=4)
+@pytest.mark.parametrize(
+    "path",
+    ENGLISH + [ZH_DIR / p.name for p in ENGLISH],
+    ids=lambda p: str(p.relative_to(EN_DIR)),
+)
+def test_notebook_markdown_has_no_line_break_next_to_full_width(path):
+    nb = nbformat.read(path, as_version=4)
     breaks = [
         f"{c.id}: {b!r}"
-        for c in zh.cells
+        for c in nb.cells
         if c.cell_type == "markdown"
-        for b in cjk_breaks(c.source)
+        for b in breaks_next_to_full_width(c.source)
     ]
     assert breaks == [], "join these lines (a break renders as a space)"
 
 
-@pytest.mark.parametrize("path", ZH_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
-def test_zh_readmes_have_no_line_break_between_cjk_characters(path):
-    assert cjk_breaks(path.read_text(encoding="utf-8")) == []
+@pytest.mark.parametrize("doc", ZH_DOCS, ids=lambda d: d.label)
+def test_zh_docs_have_no_line_break_next_to_full_width(doc):
+    assert breaks_next_to_full_width(doc.text) == []
 
 
-def test_cjk_break_check_finds_breaks_and_allows_the_rest():
-    assert cjk_breaks("矩阵-向量\n内核") == ["矩阵-向量\n内核"]
-    assert cjk_breaks("> 第一行，\n> 第二行") != []
-    assert cjk_breaks("  续行，\n  第二行") != []
-    assert cjk_breaks("段落一。\n\n段落二。") == []  # a paragraph break
-    assert cjk_breaks("中文 `code`\n中文") == []  # a space there is harmless
-    assert cjk_breaks("```text\n代码\n块\n```") == []
+def test_break_check_finds_breaks_and_allows_the_rest():
+    check = breaks_next_to_full_width
+    assert check("矩阵-向量\n内核") == ["矩阵-向量\n内核"]
+    assert check("> 第一行，\n> 第二行") != []
+    assert check("  续行，\n  第二行") != []
+    assert check("- 列表项，\n  续行") != []
+    assert check("内存，\nKV 缓存") != []  # full-width punctuation, then Latin
+    assert check("见 KV 缓存\n（第 2 节）") != []  # a full-width parenthesis
+    assert check("做法——\n通过镜像") != []
+    assert check("中文 `code`\n中文") != []
+    assert check("中文 `code`\nmore") == []  # no full-width neighbour
+    assert check("English prose\nwraps freely.") == []
+    assert check("段落一。\n\n段落二。") == []  # a paragraph break
+    assert check("第一行。  \n第二行") == []  # a hard break is a new line
+    assert check("```text\n代码\n块\n```") == []
+    assert check("## 标题\n正文") == []  # a heading ends its line
+    assert check("说明：\n- 第一项") == []  # a list starts a new block
+
+
+def glossary_avoided() -> dict[str, str]:
+    """Avoided term -> the term to use, from the glossary in ch02/README.zh.md
+    (its 术语对照 table: English | 中文用语 | 出处 | 不用)."""
+    text = (ROOT / "ch02" / "README.zh.md").read_text(encoding="utf-8")
+    table = text.split("## 术语对照", 1)[1]
+    avoided = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[3].startswith("`"):
+            for term in re.findall(r"`([^`]+)`", cells[3]):
+                avoided[term] = cells[1]
+    return avoided
+
+
+def zh_prose() -> list[tuple[str, str]]:
+    """(where, text) of every Chinese text: docs, zh markdown, zh comments
+    (the glossary itself, which names the avoided terms, left out)."""
+    found = [(d.label, d.text.split("## 术语对照", 1)[0]) for d in chinese_markdown()]
+    for path in sorted(ZH_DIR.glob("*.ipynb")):
+        for c in nbformat.read(path, as_version=4).cells:
+            if c.cell_type == "code":
+                found.append((f"{path.name} cell {c.id}", c.source))
+    return found
+
+
+def test_the_glossary_lists_the_avoided_terms():
+    avoided = glossary_avoided()
+    assert {"替身", "BPE 排名", "Transformer 块", "超出本书的内容"} <= set(avoided)
+    assert avoided["替身"].startswith("占位权重")
+
+
+@pytest.mark.parametrize("where_text", zh_prose(), ids=lambda wt: wt[0])
+def test_zh_text_uses_the_glossary_terms(where_text):
+    where, text = where_text
+    found = {t: use for t, use in glossary_avoided().items() if t in text}
+    assert found == {}, f"{where}: write these as the glossary says: {found}"
+
+
+def test_zh_docs_give_the_linux_download_of_the_english_table():
+    """The Chinese pages round the Linux x86-64 total of the README's table
+    (tests/test_project.py ties that table to uv.lock)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (row,) = [ln for ln in readme.splitlines() if ln.startswith("| Linux x86-64 |")]
+    sizes = [float(x) for x in re.findall(r"(\d+\.\d+) GB", row)]
+    total = f"约 {sizes[-1]:.1f} GB"
+    pages = [
+        d for d in ZH_DOCS if "python-and-uv" in d.label or "README.md (" in d.label
+    ]
+    assert len(pages) == 2
+    for doc in pages:
+        assert total in doc.text, f"{doc.label}: write {total} for Linux x86-64"
 
 
 @pytest.mark.parametrize("n", range(1, 7))
