@@ -22,7 +22,7 @@ from tests.test_download import (
     flip_byte_keep_mtime,
     said,
 )
-from utils import download, linksafe, model_store, provenance
+from utils import download_sources, linksafe, model_store, provenance
 from utils.download import download_qwen3_small
 from utils.provenance import is_verified
 
@@ -141,7 +141,8 @@ def test_a_verified_file_of_the_readers_own_is_kept(hosts, payloads, tmp_path, s
     out.mkdir()
     own = out / "own.json"
     own.write_bytes(fake_tokenizer_json(VOCAB, salt="mine"))
-    download.install_file(own, out / TOK, "imported", "content checked")
+    sha = provenance.hash_file(own)["sha256"]
+    download_sources.install(own, out / TOK, "imported", "content checked", sha)
     inode = (out / TOK).stat().st_ino
     files = download_qwen3_small("base", tokenizer_only=True, out_dir=out)
     assert requests_made(hosts) == made

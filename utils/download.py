@@ -45,7 +45,6 @@ from utils.download_sources import (
     REPO_ID,
     from_backup,
     from_hub,
-    install,
     staging_path,
 )
 from utils.fileio import temp_name_pattern
@@ -63,7 +62,6 @@ __all__ = [
     "download_qwen3_small",
     "download_timeout",
     "file_names",
-    "install_file",
     "local_files",
 ]
 
@@ -266,12 +264,6 @@ def _parse_timeout(raw: str) -> tuple[float, str | None]:
 # --------------------------------------------------------------------------
 # One file: lock, sources, leftovers
 # --------------------------------------------------------------------------
-
-
-def install_file(staged: Path, dest: Path, source: str, check: str) -> None:
-    """Check a file obtained another way (e.g. converted from the official
-    checkpoints), move it to `dest` and record it as verified."""
-    install(staged, dest, source, check, provenance.hash_file(staged)["sha256"])
 
 
 def _leftovers(dest: Path) -> list[Path]:
