@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+import utils.bandwidth
 import utils.fast
 from tests.tiny import tiny_config
 from utils import benchmark, benchmark_modes, benchmark_report
-from utils.fast import weight_bytes_per_token
+from utils.bandwidth import weight_bytes_per_token
 from utils.models import load_book_model
 from utils.standin import standin_state_dict
 
@@ -334,7 +335,9 @@ def test_native_modes_are_skipped_in_one_line_where_they_cannot_run(capsys):
 
 def test_each_mode_is_compared_with_the_read_speed_around_it(monkeypatch):
     probes = iter([30e9, 20e9, 40e9])  # start, after mode 1, after mode 2
-    monkeypatch.setattr(utils.fast, "measure_read_bandwidth", lambda *a: next(probes))
+    monkeypatch.setattr(
+        utils.bandwidth, "measure_read_bandwidth", lambda *a: next(probes)
+    )
     rows = tiny_run(["kv_cache", "fast"], max_new_tokens=5)
     # the larger of the probes just before and just after each mode
     assert [r["machine_read_gbps"] for r in rows] == [30.0, 40.0]
@@ -354,7 +357,7 @@ def test_each_mode_is_compared_with_the_read_speed_around_it(monkeypatch):
 
 
 def test_a_mode_without_a_token_stream_has_no_paired_share(monkeypatch):
-    monkeypatch.setattr(utils.fast, "measure_read_bandwidth", lambda *a: 30e9)
+    monkeypatch.setattr(utils.bandwidth, "measure_read_bandwidth", lambda *a: 30e9)
     stamps = benchmark_modes.Prepared(lambda: [1.0, 2.0, 3.0], torch.nn.Linear(1, 1))
     stamps.timer = lambda stream, dev, **kw: {
         "ttft_s": 0.1,

@@ -184,38 +184,37 @@ def test_cli_and_panel_all_use_the_one_loop(tok, model, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_fast_compile_picks_the_faster_path_and_keeps_the_tokens(
+def test_fast_compile_without_the_native_step_compiles_the_block_once(
     tok, model, monkeypatch, capsys
 ):
-    """fast + compile: the block is compiled, eager and compiled are timed
-    once (pick_faster, with the generation's cache size) and the choice is
-    said in one line; the tokens stay the eager fast path's."""
-    import utils.fast.steps
+    """fast + compile where the native step cannot run: the block is
+    compiled once for every generation, said in one line, and the tokens
+    stay the eager fast path's."""
+    from utils.fast import FastQwen3
 
     ids = tok.encode(PROMPT)
+    monkeypatch.setattr(FastQwen3, "native_unsupported_reason", lambda s: "test")
     eager = [
         int(t) for t in GreedyStreamer(model).stream(torch.tensor([ids]), 8, fast=True)
     ]
-    picks = []
-    real = utils.fast.steps.pick_faster
+    compiles = []
+    real = FastQwen3.compile_decode
 
-    def spy(fast, token_ids, **kwargs):
-        picks.append(kwargs)
-        return real(fast, token_ids, **kwargs)
+    def spy(self, **kwargs):
+        compiles.append(kwargs)
+        return real(self, **kwargs)
 
-    monkeypatch.setattr(utils.fast.steps, "pick_faster", spy)
+    monkeypatch.setattr(FastQwen3, "compile_decode", spy)
+    capsys.readouterr()
     streamer = GreedyStreamer(model)
     for _ in range(2):
         got = streamer.stream(torch.tensor([ids]), 8, compile=True, fast=True)
         assert [int(t) for t in got] == eager
-    assert picks == [{"max_new_tokens": 8, "scope": "block"}]  # once, sized
+    assert compiles == [{"scope": "block"}]
     fast = streamer._fast["fast_fastest"]  # the registry's path for the switches
-    assert fast.compile_scope == "block"
-    choice = streamer.fast_choice["choice"]
-    assert choice in ("eager", "compiled")
-    assert fast.decode_compiled() is (choice == "compiled")
+    assert fast.compile_scope == "block" and fast.decode_compiled()
     err = capsys.readouterr().err
-    assert err.count("decoding is fastest here") == 1 and choice in err
+    assert err.count("the compiled block (native step off: test)") == 1
 
 
 def test_compile_of_the_book_model_uses_the_books_setting(model, monkeypatch):

@@ -26,7 +26,7 @@ commands. It never imports room 2 at module level.
 
 Room 2, utils/fast/: the fast decoder for the same weights, beyond the
 chapter (gpt-fast's order): model, quantize (int8), steps (eager, compiled,
-native; prefill, generate, pick_faster), native, kernels, build + csrc/ (the
+native; prefill, generate), native, kernels, build + csrc/ (the
 C kernels, built on first use, F.linear fallback). See ch02/03_fast-decoding/.
 
 Helpers that share a name with the book's package (reasoning_from_scratch):

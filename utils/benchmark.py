@@ -321,7 +321,7 @@ class _Run:
     def all(
         self, modes: list[str], cold_compile: bool, probe_bytes: int
     ) -> list[dict[str, Any]]:
-        from utils.fast import measure_read_bandwidth
+        from utils.bandwidth import measure_read_bandwidth
 
         first = before = measure_read_bandwidth(self.dev, probe_bytes)
         self.log(
@@ -362,7 +362,8 @@ class _Run:
 
     def mode(self, mode: Mode) -> dict[str, Any] | None:
         """One row for `mode`, or None (after one line) if it is skipped."""
-        from utils.fast import describe_step, paired_share
+        from utils.bandwidth import paired_share
+        from utils.fast import describe_step
 
         if mode.compiled:
             forget_compiled_code()  # every compiled mode starts from scratch
@@ -436,7 +437,7 @@ def _add_memory(row: dict[str, Any], model, book, mem: PeakMemory) -> None:
         "Memory the mode uses: loaded weights it reads in place + peak "
         f"growth ({mem.kind}), at least its own tensors"
     )
-    from utils.fast import weight_bytes_per_token
+    from utils.bandwidth import weight_bytes_per_token
 
     row["weight_bytes_per_token"] = weight_bytes_per_token(model)
     row["weight_read_gbps"] = (
@@ -490,8 +491,8 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         if base is not None and base["tokens_per_sec"] > 0:
             row["ratio_vs_kv_cache"] = row["tokens_per_sec"] / base["tokens_per_sec"]
-    # Which fast path this machine should use (what pick_faster decides per
-    # run): the fastest per token, and the soonest to a whole answer
+    # Which fast path this machine should use: the fastest per token, and
+    # the soonest to a whole answer
     fast = [r for r in rows if r["mode"] in BF16_FAST_MODES]
     if not fast:
         return

@@ -381,7 +381,7 @@ def _prepare_fast(mode: Any, book, token_ids, n) -> Prepared:
     reason = path.unavailable(token_ids.device)
     if reason is not None:
         raise ModeSkipped(reason)
-    fast = path.build(book, token_ids=token_ids, max_new_tokens=n)
+    fast = path.build(book)
     if path.native and fast.native_unsupported_reason() is not None:
         raise ModeSkipped(fast.native_unsupported_reason())
     return Prepared(lambda: generate(fast, token_ids, n), fast)

@@ -90,21 +90,13 @@ class GreedyStreamer:
         self._compiled: torch.nn.Module | None = None
         self._fast: dict[str, Any] = {}  # path name -> its fast model
 
-    @property
-    def fast_choice(self) -> dict[str, Any] | None:
-        """What `pick_faster` measured for a compiled fast path (or None)."""
-        picked = [getattr(m, "picked", None) for m in self._fast.values()]
-        return next((p for p in picked if p is not None), None)
-
-    def _fast_model(
-        self, compile: bool, token_ids: torch.Tensor, max_new_tokens: int
-    ) -> Any:
+    def _fast_model(self, compile: bool, device: torch.device) -> Any:
         from utils.fast import path_for
 
-        path = path_for(token_ids.device, int8=self.int8, compile=compile)
+        path = path_for(device, int8=self.int8, compile=compile)
         if path.name not in self._fast:
             adopt = self.adopt and not self._fast
-            fast = path.build(self.model, token_ids, max_new_tokens, adopt=adopt)
+            fast = path.build(self.model, adopt=adopt)
             self._fast[path.name] = fast
             if adopt:
                 self.model = fast
@@ -138,7 +130,7 @@ class GreedyStreamer:
         if fast:
             from utils.fast import generate
 
-            model = self._fast_model(compile, token_ids, max_new_tokens)
+            model = self._fast_model(compile, token_ids.device)
             gen = generate(model, token_ids, max_new_tokens, eos_token_id)
         else:
             fn = generate_text_basic_stream

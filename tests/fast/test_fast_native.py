@@ -4,7 +4,6 @@ weights, and fall back to the eager step wherever it cannot run."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -15,16 +14,13 @@ from reasoning_from_scratch.qwen3 import KVCache
 import utils.fast.build as build
 from tests.tiny import PROMPT, book_model, tiny_config, tiny_state_dict, tokens
 from utils.fast import (
-    CompiledStep,
     FastQwen3,
     decode_one_token,
     generate,
     get_kernels,
-    pick_faster,
     prefill,
     quantize_int8,
 )
-from utils.fast.model import greedy_step
 from utils.fast.native import NativeStep, unsupported_reason
 
 BF16 = tiny_config(context_length=512, dtype=torch.bfloat16)
@@ -277,23 +273,23 @@ def test_position_outside_the_cache_is_a_clear_error():
         decode_one_token(model, torch.tensor([[5000]]), torch.tensor([6]))
 
 
-def test_pick_faster_can_choose_the_native_step():
-    sd = tiny_state_dict(17, BF16)
-    model = FastQwen3.from_state_dict(BF16, sd)
-    want = tokens(generate(FastQwen3.from_state_dict(BF16, sd), PROMPT, 10))[0]
+def test_the_fastest_path_is_native_where_it_runs_else_a_compiled_block(
+    monkeypatch, capsys
+):
+    """`fast_fastest` (the command line's --fast --compile) by a rule: the
+    native step where it can run, with no compile; else the compiled block,
+    with one line on stderr saying why."""
+    from utils.fast import get_path
 
-    def slow_step(*args):  # a "compiled" step that loses to the others
-        time.sleep(0.05)
-        return greedy_step(*args)
-
-    model.decode_step = CompiledStep(slow_step)
-    result = pick_faster(model, PROMPT, steps=3)
-    assert result["native_s"] is not None
-    best = min(("eager", "compiled", "native"), key=lambda k: result[f"{k}_s"])
-    assert result["choice"] == best
-    assert model.decode_native() == (best == "native")
-    got = tokens(generate(model, PROMPT, 10))[0]
-    assert sum(a == b for a, b in zip(got, want, strict=True)) >= 5
+    book = book_model(tiny_state_dict(17, BF16), BF16)
+    fast = get_path("fast_fastest").build(book)
+    assert fast.decode_native() and fast.compile_scope is None
+    assert "the native step, one C call per token" in capsys.readouterr().err
+    monkeypatch.setattr(FastQwen3, "native_unsupported_reason", lambda s: "test")
+    fast = get_path("fast_fastest").build(book)
+    assert not fast.decode_native() and fast.compile_scope == "block"
+    out = capsys.readouterr()
+    assert not out.out and out.err.count("native step off: test") == 1
 
 
 def test_cli_streamer_uses_the_native_step_for_fast(capsys):
@@ -394,7 +390,8 @@ def _step_bandwidth_script():
 
 
 def test_step_bandwidth_script_times_each_step_next_to_a_sum():
-    from utils.fast import describe_step, weight_bytes_per_token
+    from utils.bandwidth import weight_bytes_per_token
+    from utils.fast import describe_step
 
     script = _step_bandwidth_script()
     sd = tiny_state_dict(21, BF16)

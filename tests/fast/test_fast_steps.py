@@ -10,7 +10,6 @@ real 0.6B shape only where that shape is the point (float32 and bf16).
 from __future__ import annotations
 
 import platform
-import time
 
 import pytest
 import torch
@@ -33,7 +32,6 @@ from utils.fast import (
     decode_one_token,
     generate,
     get_kernels,
-    pick_faster,
     prefill,
 )
 from utils.fast.kernels import kernel_rounds_like_torch
@@ -221,28 +219,6 @@ def test_compile_failure_falls_back_to_eager(fast_tiny, capsys):
         fast.decode_step = None
 
 
-@pytest.mark.slow  # an inductor compile
-def test_pick_faster_keeps_the_faster_step(monkeypatch):
-    cfg = tiny_config(context_length=512)
-    fast = FastQwen3.from_state_dict(cfg, tiny_state_dict(6, cfg))
-    want = tokens(generate(fast, PROMPT, 12))
-
-    def slow_step(*args):  # stands in for a compiled step that lost
-        time.sleep(0.05)
-        return greedy_step(*args)
-
-    slow = CompiledStep(slow_step)
-    fast.decode_step = slow
-    result = pick_faster(fast, PROMPT, steps=3)
-    assert result["choice"] == "eager" and fast.decode_step.kind == "eager"
-    assert result["compiled_s"] > result["eager_s"]
-    fast.compile_decode()
-    result = pick_faster(fast, PROMPT, steps=3)
-    assert result["choice"] in ("eager", "compiled")
-    assert fast.decode_step.kind == result["choice"]
-    assert tokens(generate(fast, PROMPT, 12)) == want
-
-
 @pytest.mark.slow  # the 0.6B shape
 def test_06b_float32_tokens_and_logits_match_book():
     cfg = {**QWEN_CONFIG_06_B, "dtype": torch.float32}
@@ -319,19 +295,6 @@ def test_every_step_kind_computes_one_step_of_the_model(fast_tiny):
     assert fast.decode_compiled()
     fast.on_layers_replaced()  # what quantize_int8 calls
     assert fast.decode_step.kind == "eager" and fast.compile_scope is None
-
-
-def test_pick_faster_waits_for_the_device_before_each_reading(monkeypatch):
-    """Timings read the clock after `utils.device.synchronize` (CUDA, XPU,
-    MPS), never only on CUDA."""
-    cfg = tiny_config(context_length=512)
-    fast = FastQwen3.from_state_dict(cfg, tiny_state_dict(6, cfg))
-    fast.decode_step = CompiledStep(greedy_step)  # no compile needed
-    waited = []
-    monkeypatch.setattr(steps_mod, "synchronize", lambda d: waited.append(d))
-    result = pick_faster(fast, PROMPT, steps=3, native=False)
-    assert len(waited) == 2 * 4 and {d.type for d in waited} == {"cpu"}
-    assert result["native_s"] is None and result["choice"] in ("eager", "compiled")
 
 
 def test_a_batch_stops_only_when_every_row_is_at_eos():

@@ -1,7 +1,8 @@
 """The fast decoder: the book's Qwen3 weights, decoded faster (beyond Chapter 2).
 
 The door: `paths`, the registry of decode paths the rest of the project
-uses, and `bandwidth`, a step measured against the memory's speed. Behind
+uses (a step measured against the memory's speed is `utils.bandwidth`,
+beside the benchmark that uses it for every mode). Behind
 it: `model` (static KV cache), `quantize` (int8 weights), `steps` (eager,
 compiled and native decode steps), `native` (the step as one C call),
 `kernels` and `dispatch` (the C matrix-vector kernels, chosen by CPU
@@ -9,14 +10,8 @@ features), `build` (compiles `csrc/` on first use, not at import). How it
 works: ch02/03_fast-decoding/README.md.
 """
 
-from utils.fast.bandwidth import (
-    measure_read_bandwidth,
-    paired_share,
-    read_buffer,
-    time_beside_sum,
-    weight_bytes_per_token,
-)
 from utils.fast.dispatch import kernel_table
+from utils.fast.hugepages import huge_page_empty, huge_pages_enabled
 from utils.fast.kernels import get_kernels
 from utils.fast.model import StaticQwen3, cache_length_for
 from utils.fast.paths import PATHS, DecodePath, describe_step, get_path, path_for
@@ -28,7 +23,6 @@ from utils.fast.steps import (
     FastQwen3,
     decode_one_token,
     generate,
-    pick_faster,
     prefill,
 )
 
@@ -48,14 +42,10 @@ __all__ = [
     "generate",
     "get_kernels",
     "get_path",
+    "huge_page_empty",
+    "huge_pages_enabled",
     "kernel_table",
-    "measure_read_bandwidth",
-    "paired_share",
     "path_for",
-    "pick_faster",
     "prefill",
     "quantize_int8",
-    "read_buffer",
-    "time_beside_sum",
-    "weight_bytes_per_token",
 ]

@@ -17,7 +17,7 @@ rule are in ch02/03_fast-decoding/README.md; `step_bandwidth.py --kernels`
 there times the kernels a CPU runs, for a reader who wants to check theirs.
 
 `QWEN3_KERNEL_VARIANTS` overrides the rules: "default" (the AVX2 kernels)
-or kernel names (e.g. "int8_avx512vnni_s2_nta"). A kernel other than the
+or kernel names (e.g. "int8_avx512vnni_s2"). A kernel other than the
 reference is checked once per process against its class's reference on a
 small problem (bits, or the bound) before it runs; one that fails is not
 used, with one line on stderr.

@@ -6,19 +6,17 @@ model's own forward (`EagerStep`), a torch.compile'd step or block
 (`CompiledStep`), and the whole step as one C call on CPUs (`NativeStep`,
 `utils.fast.native`). `FastQwen3` is the model with a chosen step;
 `generate` streams tokens exactly like the book's
-`generate_text_basic_stream_cache`; `pick_faster` keeps the fastest kind.
+`generate_text_basic_stream_cache`.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from utils.device import synchronize
 from utils.fast.model import StaticQwen3, block_forward, greedy_step
 from utils.fast.native import NativeStep, unsupported_reason
 from utils.generation import check_generation_inputs
@@ -121,7 +119,6 @@ class FastQwen3(StaticQwen3):
         super().__init__(cfg)
         self._step: DecodeStep = EAGER
         self.compile_scope: str | None = None  # "step" or "block" once compiled
-        self.picked: dict[str, Any] | None = None  # what pick_faster measured
         self.register_load_state_dict_post_hook(_renew_native_step)
 
     @property
@@ -283,71 +280,3 @@ def _generate(model, token_ids, max_new_tokens, eos_token_id):
         if more:
             token = upcoming
             input_pos = input_pos + 1
-
-
-def _time_step(
-    model: FastQwen3, step: DecodeStep, token_ids: Tensor, length: int, steps: int
-) -> tuple[float, float]:
-    """(first step's seconds, median of the other `steps`) with `step`, from
-    a fresh prefill; waits for the device before each reading."""
-    model.decode_step = step
-    model.setup_cache(token_ids.shape[0], length)
-    token, _ = prefill(model, token_ids)
-    pos = torch.tensor([token_ids.shape[1]], device=token_ids.device)
-    times = []
-    for i in range(steps + 1):
-        t0 = time.perf_counter()
-        token, _ = decode_one_token(model, token, pos + i, int(pos) + i + 1)
-        synchronize(token.device)
-        times.append(time.perf_counter() - t0)
-    rest = sorted(times[1:])  # the first step may compile
-    return times[0], rest[len(rest) // 2]
-
-
-def pick_faster(
-    model: FastQwen3,
-    token_ids: Tensor,
-    steps: int = 6,
-    max_new_tokens: int | None = None,
-    scope: str = "step",
-    native: bool = True,
-) -> dict[str, Any]:
-    """Time `steps` decode steps eager, compiled (compiling first with
-    `scope`, if not compiled yet) and, with `native` where it can run, as
-    one C call; keep the fastest. Give the `max_new_tokens` you will
-    generate, so the cache (and compiled code) has the size `generate`
-    will use. Returns {"choice": "eager"|"compiled"|"native", "eager_s",
-    "compiled_s", "native_s" (None if not timed), "compile_s"}: median
-    seconds per step; compile_s, the first compiled step."""
-    _check_fast_model(model)
-    if not isinstance(model.decode_step, CompiledStep):
-        model.compile_decode(scope=scope)
-    compiled = model.decode_step
-    length = token_ids.shape[1] + max(steps + 1, max_new_tokens or 0)
-    native_step = None
-    # the native step runs one CPU sequence
-    if native and token_ids.shape[0] == 1 and token_ids.device.type == "cpu":
-        if unsupported_reason(model) is None:
-            native_step = NativeStep(model)
-    with torch.inference_mode():  # as in generate: no guard mismatch
-        _, eager_s = _time_step(model, EAGER, token_ids, length, steps)
-        compile_s, compiled_s = _time_step(model, compiled, token_ids, length, steps)
-        native_s = None
-        if native_step is not None:
-            native_s = _time_step(model, native_step, token_ids, length, steps)[1]
-    timed = {"eager": (eager_s, EAGER)}
-    if not compiled.failed:
-        timed["compiled"] = (compiled_s, compiled)
-    if native_step is not None:
-        timed["native"] = (native_s, native_step)
-    choice = min(timed, key=lambda k: timed[k][0])
-    model.decode_step = timed[choice][1]
-    if choice == "native":
-        model.compile_scope = None
-    return {
-        "choice": choice,
-        "eager_s": eager_s,
-        "compiled_s": compiled_s,
-        "native_s": native_s,
-        "compile_s": compile_s,
-    }

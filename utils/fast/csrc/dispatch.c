@@ -62,8 +62,6 @@ static const kernel KERNELS[] = {
 #ifdef QWEN3_AVX512
     {"int8_avx512vnni_s2", {rows_i8q_vnni_s2, 2}, NULL, CLASS_INT8,
      CPU_AVX2 | CPU_AVX512 | CPU_AVX512_VNNI, 64},
-    {"int8_avx512vnni_s2_nta", {rows_i8q_vnni_s2_nta, 2}, NULL, CLASS_INT8,
-     CPU_AVX2 | CPU_AVX512 | CPU_AVX512_VNNI, 64},
 #endif
 };
 #define N_KERNELS ((int)(sizeof KERNELS / sizeof KERNELS[0]))

@@ -72,7 +72,6 @@ int quantize_x(const float *x, long k, int16_t *qx);
    attributes, run only where the CPU has the instructions) */
 ROW_KERNEL(rows_exact_512_xb);
 ROW_KERNEL(rows_i8q_vnni_s2);
-ROW_KERNEL(rows_i8q_vnni_s2_nta);
 /* x as bf16 for rows_exact_512_xb (exact where x holds bf16 values) */
 void x_to_bf16(const float *xn, long k, float *xp);
 /* Whether x holds a value bf16 cannot represent (then x_to_bf16 rounds) */

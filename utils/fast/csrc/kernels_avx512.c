@@ -108,10 +108,9 @@ T512 void rows_exact_512_xb(const float *xp, const void *wv,
    lane j < 8 holds columns 32b+2j and 32b+2j+1, lane j+8 columns
    32b+16+2j and 32b+17+2j: the two 256-bit halves added are rows_i8q's
    int32 lane j for the chunk (integer sums: the same values), converted
-   and added as there. Each line is fetched `ahead` bytes early
-   (non-temporal) where ahead > 0. */
+   and added as there. */
 T512VNNI INLINE void vnni_rows(const int16_t *qx, const int8_t *const *r,
-                               int R, long k, __m256 *f, long ahead) {
+                               int R, long k, __m256 *f) {
     for (int q = 0; q < R; ++q) f[q] = _mm256_setzero_ps();
     for (long c = 0; c < k; c += I16_CHUNK) {
         const long end = c + I16_CHUNK < k ? c + I16_CHUNK : k;
@@ -122,7 +121,6 @@ T512VNNI INLINE void vnni_rows(const int16_t *qx, const int8_t *const *r,
             const __m512i x1 = _mm512_loadu_si512(qx + i + 32);
             for (int q = 0; q < R; ++q) {
                 const __m256i *p = (const __m256i *)(r[q] + i);
-                if (ahead) _mm_prefetch((const char *)p + ahead, _MM_HINT_NTA);
                 const __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(p));
                 const __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(p + 1));
                 a[q] = _mm512_dpwssd_epi32(a[q], w0, x0);
@@ -139,11 +137,10 @@ T512VNNI INLINE void vnni_rows(const int16_t *qx, const int8_t *const *r,
 }
 
 /* Passes [j0, j1) of rows [lo, hi) in two far-apart sections (see
-   rows_fn), each one stream through memory, its lines fetched `ahead`
-   rows early where ahead > 0 */
-T512VNNI INLINE void vnni_s2(long ahead, const float *qxv, const void *wv,
-                             const float *scale, void *y, int y_f32, long lo,
-                             long hi, long k, long j0, long j1) {
+   rows_fn), each one stream through memory */
+T512VNNI void rows_i8q_vnni_s2(const float *qxv, const void *wv,
+                               const float *scale, void *y, int y_f32,
+                               long lo, long hi, long k, long j0, long j1) {
     const int8_t *w = (const int8_t *)wv;
     const int16_t *qx = (const int16_t *)qxv;
     float xs;
@@ -152,7 +149,7 @@ T512VNNI INLINE void vnni_s2(long ahead, const float *qxv, const void *wv,
     __m256 f[2];
     FULL_PASSES(j, j0, j1, per) {
         const int8_t *r[2] = {w + (lo + j) * k, w + (lo + per + j) * k};
-        vnni_rows(qx, r, 2, k, f, ahead * k);
+        vnni_rows(qx, r, 2, k, f);
         for (int q = 0; q < 2; ++q) {
             const long n = lo + q * per + j;
             store(y, y_f32, n, hsum(f[q]) * xs * scale[n]);
@@ -160,23 +157,9 @@ T512VNNI INLINE void vnni_s2(long ahead, const float *qxv, const void *wv,
     }
     LEFTOVER_ROWS(n, j0, j1, per, lo, 2) {
         const int8_t *r[1] = {w + n * k};
-        vnni_rows(qx, r, 1, k, f, 0);
+        vnni_rows(qx, r, 1, k, f);
         store(y, y_f32, n, hsum(f[0]) * xs * scale[n]);
     }
-}
-
-T512VNNI void rows_i8q_vnni_s2(const float *qx, const void *w,
-                               const float *scale, void *y, int y_f32,
-                               long lo, long hi, long k, long j0, long j1) {
-    vnni_s2(0, qx, w, scale, y, y_f32, lo, hi, k, j0, j1);
-}
-
-/* The same, each line prefetched two rows early (non-temporal) */
-T512VNNI void rows_i8q_vnni_s2_nta(const float *qx, const void *w,
-                                   const float *scale, void *y, int y_f32,
-                                   long lo, long hi, long k, long j0,
-                                   long j1) {
-    vnni_s2(2, qx, w, scale, y, y_f32, lo, hi, k, j0, j1);
 }
 
 #endif /* QWEN3_AVX512 */

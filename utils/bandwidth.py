@@ -5,6 +5,9 @@ it; on a shared machine that speed changes from one second to the next.
 So a step is timed beside a `torch.sum` over exactly the bytes it reads,
 right after it (`time_beside_sum`, `paired_share`): the ratio says how
 close to the memory's speed of that moment the step ran.
+
+It lives beside the benchmark, not in the fast decoder (`utils.fast`):
+the benchmark measures every mode with it, the book's and ours alike.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from typing import Any
 import torch
 
 from utils.device import synchronize
-from utils.fast.hugepages import huge_page_empty, huge_pages_enabled
 
 PAIRED_ROUNDS = 30  # decode steps each timed beside a torch.sum of its bytes
 
@@ -56,6 +58,8 @@ def read_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
     them, as the native step's weights do (on 4 KB pages it reads slower,
     and would make a step look faster than memory)."""
     count = max(nbytes // 4, 1)
+    from utils.fast import huge_page_empty, huge_pages_enabled
+
     if device.type == "cpu" and huge_pages_enabled():
         return huge_page_empty(count * 4).view(torch.float32).fill_(1.0)
     return torch.ones(count, device=device)

@@ -1,4 +1,4 @@
-"""utils.fast.bandwidth: the bytes a decode step reads, torch.sum's buffer
+"""utils.bandwidth: the bytes a decode step reads, torch.sum's buffer
 on the step's page size, and a step timed beside a sum over its bytes (the
 benchmark's same-moment share)."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import utils.fast.bandwidth as bandwidth
+import utils.bandwidth as bandwidth
+import utils.fast
 from tests.tiny import tiny_config
 from utils.models import load_book_model
 from utils.standin import standin_state_dict
@@ -47,12 +48,12 @@ def test_the_sums_buffer_lies_on_2_mb_pages_where_linux_gives_them(monkeypatch):
     import utils.fast.hugepages as hugepages
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr(bandwidth, "huge_pages_enabled", lambda: True)
+    monkeypatch.setattr(utils.fast, "huge_pages_enabled", lambda: True)
     buf = bandwidth.read_buffer(3 << 20, cpu)
     assert buf.dtype == torch.float32 and buf.numel() == (3 << 20) // 4
     assert buf.data_ptr() % hugepages.HUGE_PAGE == 0
     assert bool((buf == 1).all())
-    monkeypatch.setattr(bandwidth, "huge_pages_enabled", lambda: False)
+    monkeypatch.setattr(utils.fast, "huge_pages_enabled", lambda: False)
     plain = bandwidth.read_buffer(3 << 20, cpu)
     assert plain.numel() == buf.numel() and bool((plain == 1).all())
     assert bandwidth.read_buffer(0, cpu).numel() == 1
