@@ -1,6 +1,5 @@
 """utils.fast.steps: every decode step computes what the book's model
-computes, `generate` stops like the book's generator, and `pick_faster`
-keeps the fastest step.
+computes and `generate` stops like the book's generator.
 
 Reference: `reasoning_from_scratch.ch02.generate_text_basic_stream_cache` and
 the book's `Qwen3Model` on the same weights. Tiny configs for most checks; the
