@@ -579,26 +579,43 @@ def test_download_error_in_a_real_process_lists_the_sources(env, tmp_path):
 def test_answer_redirected_to_a_file_holds_only_the_answer(
     env, reasoning_files, tmp_path, tmp_path_factory
 ):
-    answer = tmp_path / "answer.txt"
+    """`> answer.txt` keeps only the answer, also where the fast path's
+    native step is off (its kernel cache a file) or a setting is wrong: the
+    lines that say so go to stderr. With the native step off, --fast gives
+    the book's tokens (eager, F.linear)."""
     folder = str(standin_root(tmp_path_factory))
-    args = ["generate", "--prompt", PROMPT, "--reasoning", "--max-new-tokens", "4",
-            "--device", "cpu", "--out-dir", folder]  # fmt: skip
-    with answer.open("w") as out:
-        proc = subprocess.run(
-            [sys.executable, "-m", "utils.cli", *args],
-            stdout=out,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            timeout=600,
-            cwd=Path(__file__).resolve().parents[1],
-        )
-    assert proc.returncode == 0, proc.stderr
-    text = answer.read_text()
-    for noise in ("Time:", "tokens/sec", "Peak process memory", "STAND-IN", "loading"):
-        assert noise not in text, noise
-        assert noise in proc.stderr, noise
-    assert text.endswith("\n") and text.strip()
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    cases = {
+        "plain": ({}, [], None),
+        "no native": ({"QWEN3_KERNEL_CACHE": str(blocked)}, ["--fast"],
+                      "native decode step off"),
+        "bad kernels": ({"QWEN3_KERNEL_VARIANTS": "nonsense"}, ["--fast"],
+                        "nonsense"),
+    }  # fmt: skip
+    answers = {}
+    for name, (extra_env, flags, said) in cases.items():
+        answer = tmp_path / f"{name}.txt"
+        args = ["generate", "--prompt", PROMPT, "--reasoning", "--max-new-tokens",
+                "4", "--device", "cpu", "--out-dir", folder, *flags]  # fmt: skip
+        with answer.open("w") as out:
+            proc = subprocess.run(
+                [sys.executable, "-m", "utils.cli", *args],
+                stdout=out,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**env, **extra_env},
+                timeout=600,
+                cwd=Path(__file__).resolve().parents[1],
+            )
+        assert proc.returncode == 0, (name, proc.stderr)
+        text = answers[name] = answer.read_text()
+        noise = ["Time:", "tokens/sec", "Peak process memory", "STAND-IN", "loading"]
+        for line in noise + ([said] if said else []):
+            assert line not in text, (name, line)
+            assert line in proc.stderr, (name, line)
+        assert text.endswith("\n") and text.strip()
+    assert answers["no native"] == answers["plain"]
 
 
 def test_slow_runs_print_a_decimal_not_zero():
