@@ -140,12 +140,16 @@ def check_kernel(kernels: Kernels, kernel: Kernel, reference: Kernel) -> str | N
     x, ws, scales = _problem(kernel.cls, gen)
     for threads in (1, 2):
         for out in (torch.float32, torch.bfloat16):
-            got = kernels.matvec_with(kernel.index, x.to(out), ws, scales, threads)
+            got = kernels.matvec(
+                x.to(out), ws, scales, kernel=kernel.index, threads=threads
+            )
             if kernel.cls == "fast":
                 if out == torch.float32 and not _within_bound(got, x, ws):
                     return "results outside float32's error bound"
                 continue
-            want = kernels.matvec_with(reference.index, x.to(out), ws, scales, threads)
+            want = kernels.matvec(
+                x.to(out), ws, scales, kernel=reference.index, threads=threads
+            )
             bits = torch.int32 if out == torch.float32 else torch.int16
             if not torch.equal(got.view(bits), want.view(bits)):
                 return f"results differ from {reference.name}'s bits"

@@ -21,13 +21,7 @@ import torch.nn.functional as F
 from reasoning_from_scratch.qwen3 import RMSNorm, compute_rope_params
 from torch import Tensor
 
-from utils.fast.kernels import (
-    get_kernels,
-    int8_linear_group,
-    linear,
-    linear_group,
-    supports,
-)
+from utils.fast.kernels import get_kernels, linear
 from utils.fast.quantize import Int8Linear
 
 # Cache lengths are rounded up to this multiple, so nearby prompt lengths
@@ -50,24 +44,26 @@ class KernelLinear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.use_kernel and self.bias is None:
-            return linear(x, self.weight)
+            out = linear(x, [self.weight])
+            if out is not None:
+                return out[0]
         return F.linear(x, self.weight, self.bias)
 
 
 def project(x: Tensor, layers: list[nn.Module]) -> list[Tensor]:
     """`[layer(x) for layer in layers]` for bias-free layers sharing x
     (q/k/v, gate/up): one kernel call for a decode row where they all use
-    the CPU kernel, with the same results."""
-    if (
-        all(getattr(m, "use_kernel", False) for m in layers)
-        and x.numel() == x.shape[-1]
-    ):
+    the CPU kernel (all bf16 or all int8), with the same results."""
+    if all(getattr(m, "use_kernel", False) for m in layers):
         if all(type(m) is KernelLinear and m.bias is None for m in layers):
-            return linear_group(x, [m.weight for m in layers])
-        if all(type(m) is Int8Linear for m in layers):
+            out = linear(x, [m.weight for m in layers])
+        elif all(type(m) is Int8Linear for m in layers):
             weights = [m.weight_int8 for m in layers]
-            if all(supports(x, w) for w in weights):
-                return int8_linear_group(x, weights, [m.scales for m in layers])
+            out = linear(x, weights, [m.scales for m in layers])
+        else:
+            out = None
+        if out is not None:
+            return out
     return [m(x) for m in layers]
 
 

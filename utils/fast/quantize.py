@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from utils.fast.hugepages import huge_page_empty, page_out
-from utils.fast.kernels import int8_linear, supports
+from utils.fast.kernels import linear
 
 
 def quantize_weight(
@@ -71,8 +71,10 @@ class Int8Linear(nn.Module):
         return cls(*quantize_weight(linear.weight, out=out))
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.use_kernel and supports(x, self.weight_int8):
-            return int8_linear(x, self.weight_int8, self.scales)
+        if self.use_kernel:
+            out = linear(x, [self.weight_int8], [self.scales])
+            if out is not None:
+                return out[0]
         x2 = x.reshape(-1, self.in_features)
         scales = self.scales.to(x.dtype)
         if x.device.type == "cpu":
