@@ -171,7 +171,7 @@ def test_step_follows_a_new_cache_and_holds_a_copied_cos():
     assert step.cache_length == model.trf_blocks[0].att.k_cache.shape[2]
     cos = step._keep_cache[0]  # the copy the table points at, kept alive
     assert cos.is_contiguous() and torch.equal(cos, model.cos)
-    assert step.cos_pointer() == cos.data_ptr()
+    assert step._table[step._g["COS"]] == cos.data_ptr()
     last = model.trf_blocks[-1].att  # one layer's cache replaced alone
     last.v_cache = last.v_cache.clone()
     with torch.inference_mode():

@@ -1,26 +1,24 @@
 """Build and load the fast decoder's C library (`csrc/`), once per machine.
 
-Why ctypes and the system C compiler rather than
-`torch.utils.cpp_extension.load_inline`: the code is plain C (no torch
-headers), so it builds in about a second with any gcc or clang, without
-Python headers or ninja; a torch extension takes far longer to build and
-needs a C++ toolchain matching PyTorch's (MSVC on Windows). Machines where
-it cannot run (no x86-64 with AVX2, Windows, no compiler) get torch's own
-matmul; a compiler without OpenMP builds a single-threaded library.
+Why ctypes and the system C compiler rather than a torch extension: the
+code is plain C (no torch headers), so it builds in about a second with
+any gcc or clang, without Python headers, ninja or a C++ toolchain
+matching PyTorch's. Machines where it cannot run (no x86-64 with AVX2,
+Windows, no compiler) get torch's matmul; a compiler without OpenMP builds
+a single-threaded library.
 
-The entry points and their types are read from `csrc/api.h` (and, for the
-test build, `tests/fast/csrc/testing.h`): the C prototypes are the one place
-they are written. The library is cached (`kernel_cache_dir`) under a name
-that hashes the sources, the compiler (path and version) and the flags. It
-is only loaded from a folder that the user owns and nobody else may write,
-after its SHA-256 matches the verification record written at build time
-(`utils.provenance`); a new build goes to a fresh file name and is renamed
-into place, so a library another process has mapped is never changed. A
-library that reports another ABI number is rebuilt.
+The entry points and their types are read from the C prototypes
+(`csrc/api.h`; for the test build also `tests/fast/csrc/testing.h`). The
+library is cached (`kernel_cache_dir`) under a hash of the sources, the
+compiler and the flags, and only loaded from a folder of the user's own
+that nobody else may write, after its SHA-256 matches the record written
+at build time (`utils.provenance`). A new build goes to a fresh file and
+is renamed into place (a library another process has mapped is never
+changed); one that reports another ABI number is rebuilt.
 
-`get_library(testing=True)` builds the test build: the same sources plus
-`tests/fast/csrc/` with `-DQWEN3_TESTING` (scheduler hooks, the step's
-pieces and their first forms). The reader's library carries none of it.
+`get_library(testing=True)`: the same sources plus `tests/fast/csrc/`
+with `-DQWEN3_TESTING` (scheduler hooks, the step's pieces); the reader's
+library carries none of it.
 """
 
 from __future__ import annotations
@@ -138,13 +136,7 @@ def unsupported_reason() -> str | None:
         return f"needs an x86-64 CPU (this is {platform.machine()})"
     if platform.system() == "Windows":
         return "building the kernel with MSVC is not supported"
-    # The CPU's own flags (cpuinfo), not ATEN_CPU_CAPABILITY's choice
-    has_avx2 = getattr(torch.cpu, "_is_avx2_supported", None)
-    if has_avx2 is None:
-        capability = torch.backends.cpu.get_cpu_capability()
-        if capability not in ("AVX2", "AVX512"):
-            return f"needs AVX2 (torch reports {capability})"
-    elif not has_avx2():
+    if not torch.cpu._is_avx2_supported():  # cpuinfo, not ATEN_CPU_CAPABILITY
         return "needs a CPU with AVX2"
     return None
 
@@ -154,20 +146,15 @@ def check_private_dir(path: Path) -> None:
     or that is a symbolic link."""
     info = path.lstat()
     if stat.S_ISLNK(info.st_mode):
-        raise RuntimeError(f"{path} is a symbolic link; set QWEN3_KERNEL_CACHE "
-                           "to a folder of your own")  # fmt: skip
-    getuid = getattr(os, "getuid", None)
-    if getuid is not None and info.st_uid != getuid():
-        raise RuntimeError(
-            f"{path} belongs to another user; set QWEN3_KERNEL_CACHE to a "
-            "folder of your own"
-        )
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise RuntimeError(
-            f"{path} is writable by other users (mode "
-            f"{stat.S_IMODE(info.st_mode):o}); run `chmod go-w {path}` or set "
-            "QWEN3_KERNEL_CACHE to a private folder"
-        )
+        problem = "is a symbolic link"
+    elif hasattr(os, "getuid") and info.st_uid != os.getuid():
+        problem = "belongs to another user"
+    elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        mode = stat.S_IMODE(info.st_mode)
+        problem = f"is writable by other users (mode {mode:o}; `chmod go-w {path}`)"
+    else:
+        return
+    raise RuntimeError(f"{path} {problem}; set QWEN3_KERNEL_CACHE to a private folder")
 
 
 def verified(path: Path) -> bool:
@@ -242,10 +229,8 @@ def _compile(compiler: str, flags: list[str], cache_dir: Path, testing: bool) ->
         raise
     if proc.returncode != 0:
         Path(out).unlink(missing_ok=True)
-        detail = (proc.stderr or proc.stdout).strip().splitlines()
-        raise RuntimeError(
-            f"{Path(compiler).name} failed: {detail[0] if detail else proc.returncode}"
-        )
+        detail = (proc.stderr or proc.stdout).strip().splitlines() or [proc.returncode]
+        raise RuntimeError(f"{Path(compiler).name} failed: {detail[0]}")
     os.chmod(out, 0o755)  # the linker applies the umask (maybe group-writable)
     return Path(out)
 

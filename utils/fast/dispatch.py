@@ -7,14 +7,12 @@ call) and "int8" (every kernel gives the bits of the AVX2 int8 kernel).
 The first kernel of each class is the AVX2 one: the class's reference and
 what runs wherever no rule applies.
 
-Why rules and not timing: as in ggml-cpu, which runs on more CPUs than any
-other project we know, the choice follows the CPU's features alone, so it
-is instant, the same on every run, and testable by naming a feature set.
-Timing kernels on a reader's first run cost seconds and, on a shared
-machine whose memory changes speed from minute to minute, sometimes picked
-a kernel that was slower over the long run. The measurements behind each
-rule are in ch02/03_fast-decoding/README.md; `step_bandwidth.py --kernels`
-there times the kernels a CPU runs, for a reader who wants to check theirs.
+Why rules and not timing: as in ggml-cpu, the choice follows the CPU's
+features alone, so it is instant, the same on every run, and testable by
+naming a feature set; timing on a reader's first run cost seconds and, on
+a busy machine, sometimes picked the slower kernel. The measurements
+behind each rule: ch02/03_fast-decoding/README.md (`step_bandwidth.py
+--kernels` there times the kernels a CPU runs).
 
 `QWEN3_KERNEL_VARIANTS` overrides the rules: "default" (the AVX2 kernels)
 or kernel names (e.g. "int8_avx512vnni_s2"). A kernel other than the
@@ -26,6 +24,7 @@ used, with one line on stderr.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -81,7 +80,8 @@ def _names_of(bits: int, names: list[str]) -> frozenset[str]:
 
 
 @functools.cache
-def _table(kernels: Kernels) -> tuple[Kernel, ...]:
+def kernel_table(kernels: Kernels) -> tuple[Kernel, ...]:
+    """Every kernel the library was built with, in its table's order."""
     names = _feature_names(kernels)
     table = []
     text = kernels.lib.qwen3_kernels().decode("ascii")
@@ -89,11 +89,6 @@ def _table(kernels: Kernels) -> tuple[Kernel, ...]:
         name, cls, needs, kmul = entry.split(":")
         table.append(Kernel(i, name, cls, _names_of(int(needs), names), int(kmul)))
     return tuple(table)
-
-
-def kernel_table(kernels: Kernels) -> tuple[Kernel, ...]:
-    """Every kernel the library was built with, in its table's order."""
-    return _table(kernels)
 
 
 def cpu_features(kernels: Kernels) -> frozenset[str]:
@@ -136,23 +131,18 @@ def check_kernel(kernels: Kernels, kernel: Kernel, reference: Kernel) -> str | N
     reference's bits for float32 and bf16 outputs on one and two threads,
     or for the fast class |y - w.x| <= gamma_k * sum|w_i x_i|
     (gamma_k = k u / (1 - k u), u = 2**-24) against the float64 product."""
-    gen = torch.Generator().manual_seed(kernel.index)
-    x, ws, scales = _problem(kernel.cls, gen)
-    for threads in (1, 2):
-        for out in (torch.float32, torch.bfloat16):
-            got = kernels.matvec(
-                x.to(out), ws, scales, kernel=kernel.index, threads=threads
-            )
-            if kernel.cls == "fast":
-                if out == torch.float32 and not _within_bound(got, x, ws):
-                    return "results outside float32's error bound"
-                continue
-            want = kernels.matvec(
-                x.to(out), ws, scales, kernel=reference.index, threads=threads
-            )
-            bits = torch.int32 if out == torch.float32 else torch.int16
-            if not torch.equal(got.view(bits), want.view(bits)):
-                return f"results differ from {reference.name}'s bits"
+    x, ws, scales = _problem(kernel.cls, torch.Generator().manual_seed(kernel.index))
+    for threads, out in itertools.product((1, 2), (torch.float32, torch.bfloat16)):
+        got, want = (
+            kernels.matvec(x.to(out), ws, scales, kernel=k.index, threads=threads)
+            for k in (kernel, reference)
+        )
+        bits = torch.int32 if out == torch.float32 else torch.int16
+        if kernel.cls == "fast":
+            if out == torch.float32 and not _within_bound(got, x, ws):
+                return "results outside float32's error bound"
+        elif not torch.equal(got.view(bits), want.view(bits)):
+            return f"results differ from {reference.name}'s bits"
     return None
 
 

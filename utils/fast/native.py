@@ -32,32 +32,27 @@ from utils.fast.hugepages import move_weights_to_huge_pages
 from utils.fast.kernels import get_kernels
 from utils.fast.model import greedy_step
 
-# The layer's linear layers as (weight slot, scales slot, module, attribute)
-_LINEARS = (
-    ("WQ", "SQ", "att", "W_query"),
-    ("WK", "SK", "att", "W_key"),
-    ("WV", "SV", "att", "W_value"),
-    ("WO", "SO", "att", "out_proj"),
-    ("W1", "S1", "ff", "fc1"),
-    ("W2", "S2", "ff", "fc2"),
-    ("W3", "S3", "ff", "fc3"),
-)
+# Each layer's linear layers by the letter X of their slots WX (weight)
+# and SX (int8 scales); the groups share one input: one grouped call in C
+_LINEARS = {
+    "Q": "att.W_query", "K": "att.W_key", "V": "att.W_value", "O": "att.out_proj",
+    "1": "ff.fc1", "2": "ff.fc2", "3": "ff.fc3",
+}  # fmt: skip
+_GROUPS = ("QKV", "O", "12", "3")
 # logits and token tensors made at a time (NativeStep._fresh_outputs):
 # about 5 MB ahead for Qwen3's vocabulary
 OUTPUTS_AHEAD = 16
-# Layers that share one input go through one grouped call in C
-_GROUPS = (("W_query", "W_key", "W_value"), ("out_proj",), ("fc1", "fc2"), ("fc3",))
 # The slot names this module fills, per section of the reported layout
 LAYOUT_NAMES = {
     "global": {"EMB", "EMB_SCALE", "FINAL_NORM", "HEAD", "HEAD_SCALE", "COS", "SIN"},
     "layer": {"NORM1", "NORM2", "QNORM", "KNORM", "KC", "VC"}
-    | {name for slots in _LINEARS for name in slots[:2]},
+    | {kind + x for x in _LINEARS for kind in "WS"},
     "dims": {"LAYERS", "EMB", "HEADS", "KV", "HEAD_DIM", "HIDDEN", "VOCAB", "CACHE"},
 }
 
 
 def _weight(layer: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
-    """(weight, scales or None) of a KernelLinear or Int8Linear."""
+    """(weight, scales or None) of a linear layer or embedding, bf16 or int8."""
     if hasattr(layer, "weight_int8"):
         return layer.weight_int8, layer.scales
     return layer.weight, None
@@ -72,23 +67,29 @@ def _norm_ok(norm: Any, eps: float) -> bool:
     )
 
 
+def _linears(model: Any) -> list[torch.nn.Module]:
+    """The model's linear layers: the head, then each layer's, in order."""
+    blocks = model.trf_blocks
+    return [model.out_head] + [
+        b.get_submodule(p) for b in blocks for p in _LINEARS.values()
+    ]
+
+
 def _layers_reason(model: Any) -> str | None:
     """Why the model's layers do not fit the C step (None: they do)."""
     eps = float(model.final_norm.eps)
-    layers = [model.out_head]
     for block in model.trf_blocks:
-        att, ff = block.att, block.ff
+        att = block.att
         norms = [block.norm1, block.norm2]
         if att.q_norm is not None:
             norms += [att.q_norm, att.k_norm]
         if not all(_norm_ok(n, eps) for n in norms):
             return "its RMSNorm layers differ from Qwen3's"
         for group in _GROUPS:
-            mods = [getattr(att if hasattr(att, n) else ff, n) for n in group]
+            mods = [block.get_submodule(_LINEARS[x]) for x in group]
             if len({_weight(m)[1] is None for m in mods}) > 1:
                 return "layers sharing an input mix int8 and bf16 weights"
-            layers += mods
-    for layer in layers:
+    for layer in [model.tok_emb, *_linears(model)]:
         w, s = _weight(layer)
         if getattr(layer, "bias", None) is not None:
             return "its linear layers have biases"
@@ -101,11 +102,8 @@ def _layers_reason(model: Any) -> str | None:
 
 def _classes_used(model: Any) -> list[str]:
     """The kernel classes the model's products need: "exact" (bf16
-    weights) and/or "int8" (a group's layers are alike: `_layers_reason`)."""
-    layers = [model.out_head]
-    for block in model.trf_blocks:
-        layers += [block.att.W_query, block.att.out_proj, block.ff.fc1, block.ff.fc3]
-    int8 = {_weight(layer)[1] is not None for layer in layers}
+    weights) and/or "int8"."""
+    int8 = {_weight(layer)[1] is not None for layer in _linears(model)}
     return [cls for cls, q in (("exact", False), ("int8", True)) if q in int8]
 
 
@@ -166,9 +164,7 @@ class NativeStep:
             "HEAD_DIM": model.head_dim, "HIDDEN": cfg["hidden_dim"],
             "VOCAB": cfg["vocab_size"], "CACHE": 0,  # set per cache
         }  # fmt: skip
-        self._dims = array.array("l", [0] * len(self._d))
-        for name, value in dims.items():
-            self._dims[self._d[name]] = value
+        self._dims = array.array("l", [dims[name] for name in layout["dims"]])
         self._eps = float(model.final_norm.eps)
         self._table = array.array("Q", self._static_table(model))
         # the dicts nn.Module keeps the caches in: read per step, far cheaper
@@ -194,10 +190,6 @@ class NativeStep:
         """The cache length the table was last pointed at (0: none yet)."""
         return self._dims[self._d["CACHE"]]
 
-    def cos_pointer(self) -> int:
-        """The address the table gives the C step for cos (for the tests)."""
-        return self._table[self._g["COS"]]
-
     def _hold(self, t: Tensor | None) -> int:
         """t's address (0 for None), kept alive as long as this step."""
         if t is None:
@@ -210,23 +202,21 @@ class NativeStep:
         return 0 if t is None else self._hold(t.detach().float().contiguous())
 
     def _layer_slots(self, block: Any) -> list[int]:
-        att, ff = block.att, block.ff
+        att = block.att
         slots = [0] * len(self._l)
         slots[self._l["NORM1"]] = self._f32(block.norm1.scale)
         slots[self._l["NORM2"]] = self._f32(block.norm2.scale)
         if att.q_norm is not None:  # else 0: no qk-norm
             slots[self._l["QNORM"]] = self._f32(att.q_norm.scale)
             slots[self._l["KNORM"]] = self._f32(att.k_norm.scale)
-        for w_slot, s_slot, owner, name in _LINEARS:
-            w, s = _weight(getattr(att if owner == "att" else ff, name))
-            slots[self._l[w_slot]] = self._hold(w)
-            slots[self._l[s_slot]] = self._hold(s)
+        for x, path in _LINEARS.items():
+            w, s = _weight(block.get_submodule(path))
+            slots[self._l["W" + x]] = self._hold(w)
+            slots[self._l["S" + x]] = self._hold(s)
         return slots  # KC, VC: filled per cache
 
     def _static_table(self, model: Any) -> list[int]:
-        emb_w, emb_s = _weight(model.tok_emb)
-        if not all(t is None or t.is_contiguous() for t in (emb_w, emb_s)):
-            raise ValueError("native decode step: the embedding must be contiguous")
+        emb_w, emb_s = _weight(model.tok_emb)  # contiguous: _layers_reason
         head_w, head_s = _weight(model.out_head)
         table = [0] * len(self._g)  # COS, SIN: filled per cache
         table[self._g["EMB"]] = self._hold(emb_w)

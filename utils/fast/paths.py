@@ -39,18 +39,6 @@ class DecodePath:
     fastest: bool = False  # native where it runs, else the compiled block
     in_default_run: bool = True  # run by the benchmark when no modes are named
 
-    @property
-    def needs(self) -> tuple[str, ...]:
-        """What the path needs, in words (CPU, C compiler, torch.compile)."""
-        needs = []
-        if self.int8 or self.native:
-            needs.append("a CPU")
-        if self.native:
-            needs.append("a C compiler and an x86-64 CPU with AVX2")
-        if self.compile or self.fastest:
-            needs.append("torch.compile" + (" or the native step" * self.fastest))
-        return tuple(needs)
-
     def unavailable(self, device: torch.device | str) -> str | None:
         """Why this path cannot run on `device` here (None: it can)."""
         if (self.int8 or self.native) and torch.device(device).type != "cpu":
@@ -146,9 +134,8 @@ def path_for(
     """The path the command line's `--fast [--int8] [--compile]` and the
     generation panel's switches mean on `device`: with compile, the fastest
     kind that runs here (`DecodePath.fastest`); else on a CPU the native
-    step where it can run (else one line says why: `say`, default the
-    logger); else eager. ValueError for
-    int8 off the CPU."""
+    step where it can run (else `say`, default the logger, gets one line
+    saying why); else eager. ValueError for int8 off the CPU."""
     int8_tag = "_int8" if int8 else ""
     if int8 and torch.device(device).type != "cpu":
         raise ValueError("int8 weights run on a CPU only; use --device cpu")

@@ -11,6 +11,7 @@ model's own forward (`EagerStep`), a torch.compile'd step or block
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
@@ -52,23 +53,16 @@ EAGER = EagerStep()
 
 
 class CompiledStep:
-    """Calls a compiled step, `compiled(model, cur_token, input_pos)`, or,
-    with `block_fn` (scope "block"), the eager step with that compiled
-    layer. If compiling fails (e.g. no C++ compiler) it says so in one line
-    on stderr and runs the eager step from then on (`failed`)."""
+    """Calls a compiled step, `compiled(model, cur_token, input_pos)`: the
+    whole step, or the eager step with a compiled layer (scope "block").
+    If compiling fails (e.g. no C++ compiler) it says so in one line on
+    stderr and runs the eager step from then on (`failed`)."""
 
     kind = "compiled"
     fresh_outputs = False  # CUDA graphs reuse their output memory
 
-    def __init__(
-        self,
-        compiled: Callable | None = None,
-        block_fn: Callable | None = None,
-        scope: str = "step",
-    ) -> None:
+    def __init__(self, compiled: Callable) -> None:
         self.compiled = compiled
-        self.block_fn = block_fn
-        self.scope = scope
         self.failed = False
 
     @classmethod
@@ -78,16 +72,14 @@ class CompiledStep:
         from utils.compile import separate_inductor_cache
 
         separate_inductor_cache()
-        if scope == "block":
+        if scope == "block":  # static shapes: no kv_len
             block_fn = torch.compile(block_forward, **compile_kwargs)
-            return cls(block_fn=block_fn, scope=scope)
-        return cls(torch.compile(greedy_step, **compile_kwargs), scope=scope)
+            return cls(functools.partial(greedy_step, block_fn=block_fn))
+        return cls(torch.compile(greedy_step, **compile_kwargs))
 
     def __call__(self, model, cur_token, input_pos, kv_len=None):
         if not self.failed:
             try:
-                if self.block_fn is not None:  # static shapes: no kv_len
-                    return greedy_step(model, cur_token, input_pos, None, self.block_fn)
                 return self.compiled(model, cur_token, input_pos)
             except Exception as exc:  # noqa: BLE001 - any compiler failure
                 self._fail(exc)
@@ -218,14 +210,6 @@ def decode_one_token(
     return next_token.clone(), logits.clone()
 
 
-def _check_fast_model(model: Any) -> None:
-    if not isinstance(model, FastQwen3):
-        raise TypeError(
-            "generate() needs a FastQwen3; wrap the book's model with "
-            "FastQwen3.from_book_model(model)"
-        )
-
-
 def generate(
     model: FastQwen3,
     token_ids: Tensor,
@@ -235,7 +219,11 @@ def generate(
     """Yield greedy tokens (shape (batch, 1)) like the book's
     `generate_text_basic_stream_cache`: stop when every sequence produced
     `eos_token_id`, never yielding it or anything after it."""
-    _check_fast_model(model)
+    if not isinstance(model, FastQwen3):
+        raise TypeError(
+            "generate() needs a FastQwen3; wrap the book's model with "
+            "FastQwen3.from_book_model(model)"
+        )
     check_generation_inputs(model, token_ids, max_new_tokens)
     return _generate(model, token_ids, max_new_tokens, eos_token_id)
 
