@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import utils.fast.build as build
-from tests.tiny import PROMPT, tiny_config, tiny_state_dict, tokens
+from tests.tiny import PROMPT, fast_model, tiny_config, tiny_state_dict, tokens
 from utils import provenance
-from utils.fast import FastQwen3, generate, get_kernels
+from utils.fast import generate, get_kernels
 from utils.fast.kernels import Kernels
 from utils.fileio import atomic_write_bytes
 
@@ -176,13 +176,13 @@ def test_no_compiler_means_torch_matmul_with_one_message(tmp_path, monkeypatch, 
     assert not fresh.exists() or not any(fresh.iterdir())
     # A model built now generates with torch's matmul, the same tokens
     cfg = tiny_config(context_length=512, dtype=torch.bfloat16)
-    fast = FastQwen3.from_state_dict(cfg, tiny_state_dict(cfg=cfg))
+    fast = fast_model(cfg, tiny_state_dict(cfg=cfg))
     got = tokens(generate(fast, PROMPT, 10))
-    assert not fast.cpu_matvec_active()
+    assert not fast.out_head.use_kernel
     monkeypatch.undo()
     if get_kernels() is not None:
         assert tokens(generate(fast, PROMPT, 10)) == got
-        assert fast.cpu_matvec_active()
+        assert fast.out_head.use_kernel
 
 
 def test_kernel_cache_dir_follows_the_environment(monkeypatch, tmp_path):

@@ -18,8 +18,8 @@ import torch
 
 import utils.fast.build as build
 import utils.fast.dispatch as dispatch
-from tests.tiny import PROMPT, tiny_config, tiny_state_dict, tokens
-from utils.fast import FastQwen3, generate, get_kernels, quantize_int8
+from tests.tiny import PROMPT, fast_model, tiny_config, tiny_state_dict, tokens
+from utils.fast import generate, get_kernels, quantize_int8
 from utils.fast.dispatch import (
     CLASSES,
     Kernel,
@@ -316,7 +316,7 @@ def test_whole_steps_give_the_same_logits_with_every_exact_or_int8_kernel(kernel
     for cls in ("exact", "int8"):
         results = {}
         for name in runnable(kernels, cls):
-            model = FastQwen3.from_state_dict(BF16, sd)
+            model = fast_model(BF16, sd)
             if cls == "int8":
                 model = quantize_int8(model)
             assert model.use_native_step(kernels=name)

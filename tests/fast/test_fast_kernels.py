@@ -18,6 +18,7 @@ import utils.fast.kernels as kernels_mod
 from tests.tiny import (
     PROMPT,
     book_model,
+    fast_model,
     skip_if_inductor_cannot_build,
     tiny_config,
     tiny_state_dict,
@@ -340,10 +341,10 @@ def test_bf16_model_with_kernel_gives_the_books_tokens(kernels, monkeypatch, cpu
     want = tokens(book_gen(book, PROMPT, 40))
     assert len(set(want[0])) > 5
     assert tokens(generate(fast, PROMPT, 40)) == want
-    assert fast.cpu_matvec_active()
+    assert fast.out_head.use_kernel
     assert not fast.use_cpu_matvec(False)
     assert tokens(generate(fast, PROMPT, 40)) == want
-    assert not fast.cpu_matvec_active()
+    assert not fast.out_head.use_kernel
     assert fast.use_cpu_matvec(True)
 
 
@@ -351,8 +352,8 @@ def test_bf16_model_with_kernel_gives_the_books_tokens(kernels, monkeypatch, cpu
 def test_compiled_decode_calls_the_kernel_and_matches_eager(kernels, monkeypatch):
     cfg = tiny_config(context_length=512, dtype=torch.bfloat16)
     sd = tiny_state_dict(1, cfg)
-    want = tokens(generate(FastQwen3.from_state_dict(cfg, sd), PROMPT, 20))
-    fast = FastQwen3.from_state_dict(cfg, sd).compile_decode()
+    want = tokens(generate(fast_model(cfg, sd), PROMPT, 20))
+    fast = fast_model(cfg, sd).compile_decode()
     calls = []
     real = kernels_mod._matvec_impl
 
@@ -363,7 +364,7 @@ def test_compiled_decode_calls_the_kernel_and_matches_eager(kernels, monkeypatch
     monkeypatch.setattr(kernels_mod, "_matvec_impl", counting)
     assert tokens(generate(fast, PROMPT, 20)) == want
     skip_if_inductor_cannot_build(fast.decode_compiled())
-    assert fast.decode_compiled() and fast.cpu_matvec_active()
+    assert fast.decode_compiled() and fast.out_head.use_kernel
     # 19 compiled decode steps x (2 layers x (q/k/v, out, gate/up, down)
     # + the head): 9 kernel calls covering 15 matrices
     assert len(calls) >= 19 * 9 and sum(calls) >= 19 * 15
@@ -386,8 +387,8 @@ def greedy_picks(model: FastQwen3, seq: list[int]) -> list[int]:
 def test_int8_model_uses_the_kernel_and_stays_close(kernels):
     cfg = tiny_config(context_length=512, dtype=torch.bfloat16)
     sd = tiny_state_dict(2, cfg)
-    fast = FastQwen3.from_state_dict(cfg, sd)
-    q = quantize_int8(FastQwen3.from_state_dict(cfg, sd))
+    fast = fast_model(cfg, sd)
+    q = quantize_int8(fast_model(cfg, sd))
     assert isinstance(q.out_head, Int8Linear)
     assert q.out_head.scales.dtype == torch.float32
     x = torch.randn(1, 1, cfg["emb_dim"]).bfloat16()
@@ -405,4 +406,4 @@ def test_int8_model_uses_the_kernel_and_stays_close(kernels):
     assert greedy_picks(fast, seq) == seq
     agree = sum(a == b for a, b in zip(greedy_picks(q, seq), seq, strict=True))
     assert agree >= 24  # teacher-forced top-1: most steps, int8 is approximate
-    assert q.cpu_matvec_active()
+    assert q.out_head.use_kernel

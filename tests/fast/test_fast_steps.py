@@ -21,6 +21,7 @@ import utils.fast.steps as steps_mod
 from tests.tiny import (
     PROMPT,
     book_model,
+    fast_model,
     skip_if_inductor_cannot_build,
     tiny_config,
     tiny_state_dict,
@@ -171,8 +172,8 @@ def test_invalid_inputs_raise_at_call_time(fast_tiny):
 @pytest.mark.slow  # an inductor compile
 def test_compiled_decode_gives_the_eager_tokens():
     sd = tiny_state_dict(1, TINY)
-    eager = FastQwen3.from_state_dict(TINY, sd)
-    compiled = FastQwen3.from_state_dict(TINY, sd).compile_decode()
+    eager = fast_model(TINY, sd)
+    compiled = fast_model(TINY, sd).compile_decode()
     want = tokens(generate(eager, PROMPT, 40))
     assert tokens(generate(compiled, PROMPT, 40)) == want
     skip_if_inductor_cannot_build(compiled.decode_compiled())
@@ -186,8 +187,8 @@ def test_block_scope_compiles_one_graph_for_all_layers():
     import torch._dynamo.utils as dynamo_utils
 
     sd = tiny_state_dict(1, TINY)
-    eager = FastQwen3.from_state_dict(TINY, sd)
-    regional = FastQwen3.from_state_dict(TINY, sd).compile_decode(scope="block")
+    eager = fast_model(TINY, sd)
+    regional = fast_model(TINY, sd).compile_decode(scope="block")
     want = tokens(generate(eager, PROMPT, 20))
     torch._dynamo.reset()
     dynamo_utils.counters.clear()
@@ -264,7 +265,7 @@ def test_06b_bf16_standin_first_50_tokens_match_book(tmp_path, exact_calls, mkld
         decided = any(bf16_gemv_path(r, c) == ATEN_AVX2 for r, c in SHAPES_06B)
     assert worst == 0
     if get_kernels() is not None:  # the kernel ran exactly where decided
-        assert fast.cpu_matvec_active() and bool(exact_calls) is decided
+        assert fast.out_head.use_kernel and bool(exact_calls) is decided
 
 
 # ---------------------------------------------------------------------------

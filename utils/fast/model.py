@@ -184,7 +184,7 @@ def block_forward(block, x, cos, sin, mask, input_pos, kv_len=None):
 
 
 class StaticQwen3(nn.Module):
-    """Qwen3 with a static KV cache; loads the book's `Qwen3Model` state dict
+    """Qwen3 with a static KV cache; holds the book's `Qwen3Model` state dict
     (same keys) and computes the same function."""
 
     def __init__(self, cfg: Mapping[str, Any]) -> None:
@@ -201,39 +201,25 @@ class StaticQwen3(nn.Module):
         self.register_buffer("cos", None, persistent=False)
         self.register_buffer("sin", None, persistent=False)
         self.register_buffer("positions", None, persistent=False)
-        # what `use_cpu_matvec` last asked for (applied by apply_cpu_matvec)
+        # what `use_cpu_matvec` last asked for
         self.cpu_matvec_wanted = True
 
     @classmethod
-    def from_state_dict(
-        cls, cfg: Mapping[str, Any], state_dict: Mapping[str, Tensor]
-    ) -> StaticQwen3:
-        """Build without random init and adopt the tensors of a book state dict
-        (no copy; e.g. `torch.load(path, weights_only=True)`)."""
-        with torch.device("meta"):
-            model = cls(cfg)
-        sd = dict(state_dict)
-        tied = "out_head.weight" not in sd and "tok_emb.weight" in sd
-        if tied:
-            sd["out_head.weight"] = sd["tok_emb.weight"]
-        model.load_state_dict(sd, strict=True, assign=True)
-        if tied:  # one shared Parameter, as in the tied Qwen3 checkpoints
-            model.out_head.weight = model.tok_emb.weight
-        return model.eval()
-
-    @classmethod
     def from_book_model(cls, model: nn.Module) -> StaticQwen3:
-        """Wrap a book `Qwen3Model`: parameters are shared, not copied, so both
-        models see the same weights (and tying is kept)."""
+        """Wrap a book `Qwen3Model` (e.g. `utils.models.load_book_model`'s):
+        parameters are shared, not copied, so both models see the same
+        weights (and tying is kept)."""
         if not hasattr(model, "cfg") or not hasattr(model, "trf_blocks"):
             raise TypeError(
                 "from_book_model expects the book's Qwen3Model (with .cfg); "
                 f"got {type(model).__name__}"
             )
-        fast = cls.from_state_dict(model.cfg, model.state_dict(keep_vars=True))
+        with torch.device("meta"):  # no random init
+            fast = cls(model.cfg)
+        fast.load_state_dict(model.state_dict(keep_vars=True), strict=True, assign=True)
         if model.out_head.weight is model.tok_emb.weight:
             fast.out_head.weight = fast.tok_emb.weight
-        return fast
+        return fast.eval()
 
     @property
     def device(self) -> torch.device:
@@ -245,31 +231,18 @@ class StaticQwen3(nn.Module):
         emb = self.tok_emb
         return emb.dtype if hasattr(emb, "weight_int8") else emb.weight.dtype
 
-    def use_cpu_matvec(self, enabled: bool = True) -> bool:
-        """Whether decode steps on CPU use the matrix-vector kernels
-        (default: yes). Returns whether they are active now."""
-        self.cpu_matvec_wanted = enabled
-        return self.apply_cpu_matvec()
-
-    def apply_cpu_matvec(self) -> bool:
-        """Switch the layers' kernel use to what is wanted and possible here
-        (the kernels are built on first use); returns whether it is active."""
+    def use_cpu_matvec(self, enabled: bool | None = None) -> bool:
+        """Whether decode steps on CPU use the matrix-vector kernels (by
+        default they do; None: as last asked, applied again, the kernels
+        being built on first use). Returns whether they are active now."""
+        if enabled is not None:
+            self.cpu_matvec_wanted = enabled
         on_cpu = self.device.type == "cpu"
         active = bool(self.cpu_matvec_wanted and on_cpu and get_kernels())
         for module in self.modules():
             if hasattr(module, "use_kernel") and module.use_kernel != active:
                 module.use_kernel = active  # KernelLinear, Int8Linear
         return active
-
-    def cpu_matvec_active(self) -> bool:
-        """Whether the linear layers currently use the CPU kernels."""
-        return any(getattr(m, "use_kernel", False) for m in self.modules())
-
-    @property
-    def cache_shape(self) -> tuple[int, ...] | None:
-        """(batch, kv_groups, cache_len, head_dim) of the current cache."""
-        kc = self.trf_blocks[0].att.k_cache
-        return None if kc is None else tuple(kc.shape)
 
     def setup_cache(
         self, batch_size: int, num_tokens: int, device: torch.device | str | None = None

@@ -189,7 +189,7 @@ class FastQwen3(StaticQwen3):
 def prefill(model: StaticQwen3, token_ids: Tensor) -> tuple[Tensor, Tensor]:
     """Run the prompt (b, t) from position 0, filling the cache; returns the
     greedy next token (b, 1) and the last position's logits (b, vocab)."""
-    model.apply_cpu_matvec()
+    model.use_cpu_matvec()
     num_tokens = token_ids.shape[1]
     input_pos = torch.arange(num_tokens, device=token_ids.device)
     return greedy_step(model, token_ids, input_pos, num_tokens)
