@@ -487,8 +487,8 @@ def test_a_library_with_another_table_layout_is_refused(monkeypatch, capsys):
 
 WIDE_STEP = """
 import torch
-from tests.tiny import tiny_config, tiny_state_dict
-from utils.fast import FastQwen3, decode_one_token, prefill
+from tests.tiny import fast_model, tiny_config, tiny_state_dict
+from utils.fast import decode_one_token, prefill
 cfg = tiny_config(emb_dim=512, dtype=torch.bfloat16)  # E > 2 * hidden, > q+k+v
 sd = tiny_state_dict(5, cfg)
 out = []

@@ -40,7 +40,7 @@ def agreement_script():
 def test_int8_linear_is_close_to_the_float_layer():
     torch.manual_seed(0)
     lin = torch.nn.Linear(256, 96, bias=False)
-    q = Int8Linear.from_linear(lin)
+    q = Int8Linear(*quantize_weight(lin.weight))
     assert q.weight_int8.dtype == torch.int8 and q.scales.shape == (96,)
     x = torch.randn(3, 5, 256)
     ref = lin(x)
@@ -195,7 +195,7 @@ def test_int8_weights_elsewhere_than_the_cpu_get_no_block(monkeypatch):
 
     monkeypatch.setattr(quantize_module, "int8_block", no_block)
     linear = torch.nn.Linear(8, 4, bias=False, device="meta")
-    assert quantize_module._slots(None, [("x", linear)]) == {}
+    assert quantize_module._slots([("x", linear)]) == {}
 
 
 def test_madvise_is_not_called_off_linux(monkeypatch):

@@ -217,7 +217,7 @@ def test_compile_failure_falls_back_to_eager(fast_tiny, capsys):
         assert "no C++ compiler found" in out and "long traceback" not in out
         assert not fast.decode_compiled()
     finally:
-        fast.decode_step = None
+        fast.decode_step = steps_mod.EAGER
 
 
 @pytest.mark.slow  # the 0.6B shape

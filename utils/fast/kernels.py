@@ -4,14 +4,12 @@ Decoding one token makes every linear layer a matrix-vector product: each
 weight is read once for one multiply-add, so memory speed sets the pace.
 The C kernels (`csrc/kernels_*.c`) read bf16 weights and add in float32;
 the int8 kernel multiplies int8 weights with the input rounded to 16-bit
-fixed point (exact int32 sums), which keeps it at memory speed. Layers
-sharing an input (q/k/v, gate/up) go through one grouped call.
+fixed point (exact int32 sums), which keeps it at memory speed.
 
 Two bf16 classes: "exact" adds in the order of ATen's own bf16 dot, "fast"
-(inside torch.compile graphs) orders the additions for speed. Eager
-`linear` uses the exact kernel only where `F.linear` itself would run that
-dot (`bf16_gemv_path`), so eager results are `F.linear`'s bits on every
-CPU. The kernels are also torch operators, so compiled graphs can call them.
+(inside torch.compile graphs, as torch operators) orders the additions for
+speed. Eager code uses the exact kernel only where `F.linear` itself would
+run that dot (`bf16_gemv_path`), so eager results are its bits on every CPU.
 """
 
 from __future__ import annotations

@@ -100,13 +100,6 @@ def _layers_reason(model: Any) -> str | None:
     return None
 
 
-def _classes_used(model: Any) -> list[str]:
-    """The kernel classes the model's products need: "exact" (bf16
-    weights) and/or "int8"."""
-    int8 = {_weight(layer)[1] is not None for layer in _linears(model)}
-    return [cls for cls, q in (("exact", False), ("int8", True)) if q in int8]
-
-
 def unsupported_reason(model: Any) -> str | None:
     """Why the native step cannot run this model here (None: it can)."""
     kernels = get_kernels()
@@ -126,19 +119,14 @@ def unsupported_reason(model: Any) -> str | None:
 
 
 class NativeStep:
-    """The decode step as one C call for a `StaticQwen3` (a `DecodeStep`):
-    `step(model, cur_token, input_pos, kv_len)` -> (next token (1, 1),
-    logits). Other batches, and a model set to `use_cpu_matvec(False)`,
-    take the eager step. Its bf16 products add in ATen's dot order (the
-    exact class of kernels).
-
-    `kernels` forces kernels as $QWEN3_KERNEL_VARIANTS does ("default", or
-    names); None: that variable, else the rules' choice for this CPU
-    (`utils.fast.dispatch`); the attribute `kernels` holds the kernel per
-    class the products run. The step reads (and keeps alive) the weights
-    the model had when it was made; a FastQwen3 renews or drops it when
-    they are replaced. Its bf16 weights are first moved onto 2 MB pages
-    where Linux has them (in place: `utils.fast.hugepages`)."""
+    """The decode step as one C call for a `StaticQwen3` (a `DecodeStep`);
+    other batches, and a model set to `use_cpu_matvec(False)`, take the
+    eager step. `kernels` forces kernels as $QWEN3_KERNEL_VARIANTS does
+    (None: that variable, else the rules' choice, `utils.fast.dispatch`).
+    It reads (and keeps alive) the weights the model had when it was made,
+    first moved onto 2 MB pages where Linux has them (in place:
+    `utils.fast.hugepages`); a FastQwen3 renews or drops it when they are
+    replaced."""
 
     kind = "native"
     fresh_outputs = True  # new logits and token tensors every call
@@ -179,7 +167,10 @@ class NativeStep:
         self._ints = array.array("q", [0, 0])  # see _token_and_pos
         chosen = choose(self._kernels, ("exact", "int8"), setting=kernels)
         self._indices = array.array("i", [chosen["exact"].index, chosen["int8"].index])
-        self.kernels = {cls: chosen[cls] for cls in _classes_used(model)}
+        # the kernel per class the model's products run (bf16: exact; int8)
+        int8 = {_weight(layer)[1] is not None for layer in _linears(model)}
+        used = {"exact": False in int8, "int8": True in int8}
+        self.kernels = {cls: chosen[cls] for cls, needed in used.items() if needed}
 
     def describe(self) -> str:
         """One line for the reader, e.g. "bf16_exact_avx2, int8_avx2"."""
@@ -201,20 +192,6 @@ class NativeStep:
         """A float32 contiguous copy of t (a norm's scale), held; 0 for None."""
         return 0 if t is None else self._hold(t.detach().float().contiguous())
 
-    def _layer_slots(self, block: Any) -> list[int]:
-        att = block.att
-        slots = [0] * len(self._l)
-        slots[self._l["NORM1"]] = self._f32(block.norm1.scale)
-        slots[self._l["NORM2"]] = self._f32(block.norm2.scale)
-        if att.q_norm is not None:  # else 0: no qk-norm
-            slots[self._l["QNORM"]] = self._f32(att.q_norm.scale)
-            slots[self._l["KNORM"]] = self._f32(att.k_norm.scale)
-        for x, path in _LINEARS.items():
-            w, s = _weight(block.get_submodule(path))
-            slots[self._l["W" + x]] = self._hold(w)
-            slots[self._l["S" + x]] = self._hold(s)
-        return slots  # KC, VC: filled per cache
-
     def _static_table(self, model: Any) -> list[int]:
         emb_w, emb_s = _weight(model.tok_emb)  # contiguous: _layers_reason
         head_w, head_s = _weight(model.out_head)
@@ -225,7 +202,17 @@ class NativeStep:
         table[self._g["HEAD"]] = self._hold(head_w)
         table[self._g["HEAD_SCALE"]] = self._hold(head_s)
         for block in model.trf_blocks:
-            table += self._layer_slots(block)
+            slots = [0] * len(self._l)  # KC, VC: filled per cache
+            slots[self._l["NORM1"]] = self._f32(block.norm1.scale)
+            slots[self._l["NORM2"]] = self._f32(block.norm2.scale)
+            if block.att.q_norm is not None:  # else 0: no qk-norm
+                slots[self._l["QNORM"]] = self._f32(block.att.q_norm.scale)
+                slots[self._l["KNORM"]] = self._f32(block.att.k_norm.scale)
+            for x, path in _LINEARS.items():
+                w, s = _weight(block.get_submodule(path))
+                slots[self._l["W" + x]] = self._hold(w)
+                slots[self._l["S" + x]] = self._hold(s)
+            table += slots
         return table
 
     def _point_at_cache(self, model: Any) -> bool:

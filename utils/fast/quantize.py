@@ -62,14 +62,6 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_int8", weight_int8)  # (out, in)
         self.register_buffer("scales", scales)  # (out,) float32
 
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, out: Tensor | None = None) -> Int8Linear:
-        """Quantize `linear`'s weight (its bias must be None), into `out`
-        if given (an int8 tensor of the weight's shape)."""
-        if linear.bias is not None:
-            raise ValueError("Int8Linear handles bias-free layers only (as in Qwen3)")
-        return cls(*quantize_weight(linear.weight, out=out))
-
     def forward(self, x: Tensor) -> Tensor:
         if self.use_kernel:
             out = linear(x, [self.weight_int8], [self.scales])
@@ -131,55 +123,50 @@ def quantize_int8(model: nn.Module, include_head: bool = True) -> nn.Module:
     bf16 weight is released unless something else holds it (e.g. the book
     model a FastQwen3 was wrapped around). Afterwards a model with an
     `on_layers_replaced()` method is told (FastQwen3 drops its step)."""
-    targets = [
+    emb, head = getattr(model, "tok_emb", None), getattr(model, "out_head", None)
+    emb = emb if isinstance(emb, nn.Embedding) else None
+    tied = emb is not None and head is not None and head.weight is emb.weight
+    # in the model's order (an untied embedding first, the head last)
+    targets = (
+        [("tok_emb", emb)] if emb is not None and not tied and include_head else []
+    )
+    targets += [
         (name, module)
         for name, module in model.named_modules()
         if isinstance(module, nn.Linear) and module.bias is None
         and (include_head or name != "out_head")
     ]  # fmt: skip
-    emb = getattr(model, "tok_emb", None)
-    emb = emb if isinstance(emb, nn.Embedding) else None
-    head = getattr(model, "out_head", None)
-    tied = emb is not None and head is not None and head.weight is emb.weight
-    own_emb = emb if emb is not None and not tied and include_head else None
-    slots = _slots(own_emb, targets)  # laid out in the model's order
+    slots = _slots(targets)
     # The two largest matrices first (an untied embedding, then the head):
     # their bf16 pages and int8 copies are then the peak's only large parts
-    targets.sort(key=lambda target: target[0] != "out_head")
+    targets.sort(key=lambda target: target[0] not in ("tok_emb", "out_head"))
     with torch.no_grad():
-        if own_emb is not None:
-            q, scales = quantize_weight(own_emb.weight, out=slots.get(""))
-            model.tok_emb = Int8Embedding(q, scales, own_emb.weight.dtype)
-            _release(own_emb)
-        for name, linear in targets:
-            parent_name, _, attr = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            quantized = Int8Linear.from_linear(linear, out=slots.get(name))
-            setattr(parent, attr, quantized)
+        for name, module in targets:
+            q, scales = quantize_weight(module.weight, out=slots.get(name))
+            if module is emb:  # untied
+                model.tok_emb = Int8Embedding(q, scales, emb.weight.dtype)
+            else:
+                parent_name, _, attr = name.rpartition(".")
+                parent = model.get_submodule(parent_name) if parent_name else model
+                setattr(parent, attr, Int8Linear(q, scales))
             if tied and name == "out_head":
-                dtype = emb.weight.dtype
-                model.tok_emb = Int8Embedding(
-                    quantized.weight_int8, quantized.scales, dtype
-                )
+                model.tok_emb = Int8Embedding(q, scales, emb.weight.dtype)
                 emb.weight = None
-            _release(linear)
-            del linear
+            _release(module)
+            del module
     notify = getattr(model, "on_layers_replaced", None)
     if callable(notify):
         notify()
     return model
 
 
-def _slots(
-    emb: nn.Embedding | None, targets: list[tuple[str, nn.Linear]]
-) -> dict[str, Tensor]:
-    """{layer name ("" for the embedding): its int8 tensor in one
-    `int8_block`}, or {} unless every weight is on the CPU."""
-    named = ([("", emb)] if emb is not None else []) + targets
-    if not named or any(m.weight.device.type != "cpu" for _, m in named):
+def _slots(targets: list[tuple[str, nn.Module]]) -> dict[str, Tensor]:
+    """{layer name: its int8 tensor in one `int8_block`}, or {} unless
+    every weight is on the CPU."""
+    if not targets or any(m.weight.device.type != "cpu" for _, m in targets):
         return {}
-    blocks = int8_block([tuple(m.weight.shape) for _, m in named])
-    return dict(zip([name for name, _ in named], blocks, strict=True))
+    blocks = int8_block([tuple(m.weight.shape) for _, m in targets])
+    return dict(zip([name for name, _ in targets], blocks, strict=True))
 
 
 def _release(module: nn.Module) -> None:

@@ -109,23 +109,14 @@ class FastQwen3(StaticQwen3):
 
     def __init__(self, cfg: Mapping[str, Any]) -> None:
         super().__init__(cfg)
-        self._step: DecodeStep = EAGER
+        self.decode_step: DecodeStep = EAGER  # what decode_one_token runs
         self.compile_scope: str | None = None  # "step" or "block" once compiled
         self.register_load_state_dict_post_hook(_renew_native_step)
-
-    @property
-    def decode_step(self) -> DecodeStep:
-        """The step `decode_one_token` and `generate` use (None sets eager)."""
-        return self._step
-
-    @decode_step.setter
-    def decode_step(self, step: DecodeStep | None) -> None:
-        self._step = EAGER if step is None else step
 
     def on_layers_replaced(self) -> None:
         """Drop a compiled or native step that saw the old layers (called by
         `quantize_int8`)."""
-        self.decode_step, self.compile_scope = None, None
+        self.decode_step, self.compile_scope = EAGER, None
 
     def compile_decode(
         self,
@@ -145,12 +136,10 @@ class FastQwen3(StaticQwen3):
             raise ValueError(f'scope must be "step" or "block", got {scope!r}')
         if mode is None and options is None and self.device.type == "cuda":
             mode = "reduce-overhead" if scope == "step" else None
-        kwargs: dict[str, Any] = {"fullgraph": True, "dynamic": False}
-        if mode is not None:
-            kwargs["mode"] = mode
-        if options:
-            kwargs["options"] = dict(options)
-        self.decode_step = CompiledStep.build(scope, **kwargs)
+        self.decode_step = CompiledStep.build(
+            scope, fullgraph=True, dynamic=False, mode=mode,
+            options=dict(options) if options else None,
+        )  # fmt: skip
         self.compile_scope = scope
         return self
 
@@ -170,7 +159,7 @@ class FastQwen3(StaticQwen3):
         it cannot run, says why in one line and keeps the current step."""
         if not enabled:
             if self.decode_native():
-                self.decode_step = None
+                self.decode_step = EAGER
             return False
         reason = unsupported_reason(self)
         if reason is not None:
