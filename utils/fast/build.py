@@ -42,8 +42,6 @@ from utils import provenance, settings
 from utils.errors import first_line
 from utils.log import get_logger
 
-__all__ = ["Library", "get_library", "kernel_cache_dir", "unsupported_reason"]
-
 CSRC = Path(__file__).with_name("csrc")
 TEST_CSRC = Path(__file__).parents[2] / "tests" / "fast" / "csrc"
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fvisibility=hidden",
@@ -70,14 +68,10 @@ class Library:
 
 def _ctype(decl: str) -> type | None:
     """The ctypes type of a C parameter or result type as api.h writes it."""
-    decl = decl.strip()
-    if decl == "void":
-        return None
-    if decl.replace(" ", "") == "constchar*":
-        return ctypes.c_char_p
-    if "*" in decl:
-        return ctypes.c_void_p
-    return _SCALARS[decl.replace("const", "").strip()]
+    decl = decl.replace("const", "").strip()
+    if "*" in decl:  # a C string (char *), else any pointer
+        return ctypes.c_char_p if decl.startswith("char") else ctypes.c_void_p
+    return None if decl == "void" else _SCALARS[decl]
 
 
 def entry_points(header: Path) -> dict[str, tuple[list, type | None]]:
@@ -120,14 +114,13 @@ def find_compiler() -> str | None:
 
 def _compiler_id(compiler: str) -> str:
     """The compiler's path and its version line (part of the cache key)."""
+    command = [compiler, "--version"]
     try:
-        proc = subprocess.run(
-            [compiler, "--version"], capture_output=True, text=True, timeout=30
-        )
-        version = (proc.stdout or proc.stderr).strip().splitlines()[:1]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        version = (proc.stdout or proc.stderr).strip().splitlines() or ["?"]
     except (OSError, subprocess.SubprocessError):
-        version = []
-    return f"{compiler} {version[0] if version else '?'}"
+        version = ["?"]
+    return f"{compiler} {version[0]}"
 
 
 def unsupported_reason() -> str | None:

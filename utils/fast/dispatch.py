@@ -34,17 +34,6 @@ from utils import settings
 from utils.fast.kernels import Kernels
 from utils.log import get_logger
 
-__all__ = [
-    "CLASSES",
-    "RULES",
-    "ENV",
-    "Kernel",
-    "choose",
-    "cpu_features",
-    "kernel_table",
-    "rule_choice",
-]
-
 CLASSES = ("exact", "fast", "int8")
 ENV = "QWEN3_KERNEL_VARIANTS"
 _log = get_logger(__name__)

@@ -67,26 +67,18 @@ class DecodePath:
             _log.info("%s: %s", self.name, INT8_NOTE)
         if self.compile:
             fast.compile_decode(scope=self.compile)
-        if self.fastest:
-            _fastest(self.name, fast)
-        elif self.native and fast.use_native_step():
-            _log.info("%s: one C call per token (%s)", self.name,
+        # fastest by a rule, not a race: on every CPU we measured, the native
+        # step beat the compiled one per token and needs no compile time
+        # (ch02/03_fast-decoding/README.md); timing both cost seconds and,
+        # on a busy machine, could pick the slower
+        reason = fast.native_unsupported_reason() if self.fastest else None
+        if (self.native or self.fastest) and reason is None and fast.use_native_step():
+            _log.info("%s: the native step, one C call per token (%s)", self.name,
                       describe_step(fast))  # fmt: skip
+        elif self.fastest:
+            fast.compile_decode(scope="block")
+            _log.info("%s: the compiled block (native step off: %s)", self.name, reason)
         return fast
-
-
-def _fastest(name: str, fast: Any) -> None:
-    # A rule, not a race: on every CPU we measured, the native step beat the
-    # compiled one per token and needs no compile time; timing both on a
-    # reader's first run cost seconds and, on a busy machine, could pick
-    # the slower (ch02/03_fast-decoding/README.md).
-    reason = fast.native_unsupported_reason()
-    if reason is None and fast.use_native_step():
-        _log.info("%s: the native step, one C call per token (%s)", name,
-                  describe_step(fast))  # fmt: skip
-        return
-    fast.compile_decode(scope="block")
-    _log.info("%s: the compiled block (native step off: %s)", name, reason)
 
 
 PATHS: tuple[DecodePath, ...] = (

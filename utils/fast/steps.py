@@ -65,18 +65,6 @@ class CompiledStep:
         self.compiled = compiled
         self.failed = False
 
-    @classmethod
-    def build(cls, scope: str, **compile_kwargs: Any) -> CompiledStep:
-        """torch.compile the whole step (scope "step") or the block, its
-        compiled code kept apart per CPU capability (see utils.compile)."""
-        from utils.compile import separate_inductor_cache
-
-        separate_inductor_cache()
-        if scope == "block":  # static shapes: no kv_len
-            block_fn = torch.compile(block_forward, **compile_kwargs)
-            return cls(functools.partial(greedy_step, block_fn=block_fn))
-        return cls(torch.compile(greedy_step, **compile_kwargs))
-
     def __call__(self, model, cur_token, input_pos, kv_len=None):
         if not self.failed:
             try:
@@ -134,13 +122,21 @@ class FastQwen3(StaticQwen3):
         generation falls back to eager with a one-line message."""
         if scope not in ("step", "block"):
             raise ValueError(f'scope must be "step" or "block", got {scope!r}')
+        from utils.compile import separate_inductor_cache
+
         if mode is None and options is None and self.device.type == "cuda":
             mode = "reduce-overhead" if scope == "step" else None
-        self.decode_step = CompiledStep.build(
-            scope, fullgraph=True, dynamic=False, mode=mode,
-            options=dict(options) if options else None,
-        )  # fmt: skip
-        self.compile_scope = scope
+        options = dict(options) if options else None
+        separate_inductor_cache()  # compiled code kept apart per CPU capability
+        compile_fn = functools.partial(
+            torch.compile, fullgraph=True, dynamic=False, mode=mode, options=options
+        )
+        if scope == "block":  # static shapes: no kv_len
+            block_fn = compile_fn(block_forward)
+            step = functools.partial(greedy_step, block_fn=block_fn)
+        else:
+            step = compile_fn(greedy_step)
+        self.decode_step, self.compile_scope = CompiledStep(step), scope
         return self
 
     def decode_compiled(self) -> bool:
