@@ -1,24 +1,17 @@
 """Build and load the fast decoder's C library (`csrc/`), once per machine.
 
-Why ctypes and the system C compiler rather than a torch extension: the
-code is plain C (no torch headers), so it builds in about a second with
-any gcc or clang, without Python headers, ninja or a C++ toolchain
-matching PyTorch's. Machines where it cannot run (no x86-64 with AVX2,
-Windows, no compiler) get torch's matmul; a compiler without OpenMP builds
-a single-threaded library.
+ctypes and the system C compiler, not a torch extension: plain C builds in
+about a second with any gcc or clang, no C++ toolchain matching PyTorch's.
+Where it cannot run (no x86-64 with AVX2, Windows, no compiler) torch's
+matmul is used; a compiler without OpenMP builds a single-threaded library.
 
-The entry points and their types are read from the C prototypes
-(`csrc/api.h`; for the test build also `tests/fast/csrc/testing.h`). The
-library is cached (`kernel_cache_dir`) under a hash of the sources, the
-compiler and the flags, and only loaded from a folder of the user's own
-that nobody else may write, after its SHA-256 matches the record written
-at build time (`utils.provenance`). A new build goes to a fresh file and
-is renamed into place (a library another process has mapped is never
-changed); one that reports another ABI number is rebuilt.
-
-`get_library(testing=True)`: the same sources plus `tests/fast/csrc/`
-with `-DQWEN3_TESTING` (scheduler hooks, the step's pieces); the reader's
-library carries none of it.
+Entry points and types are read from the C prototypes (`csrc/api.h`). The
+library is cached under a hash of the sources, compiler and flags, loaded
+only from a folder of the user's own that nobody else may write, after its
+SHA-256 matches the record written at build time (`utils.provenance`). A
+new build is renamed into place (a mapped library never changes); one
+with another ABI number is rebuilt. `get_library(testing=True)` adds
+`tests/fast/csrc/` with `-DQWEN3_TESTING` (hooks for the tests).
 """
 
 from __future__ import annotations

@@ -1,24 +1,18 @@
 """Which matrix-vector kernel runs: a small rule table over CPU features.
 
 The library (`csrc/dispatch.c`) holds a few kernels per class: "exact"
-(bf16 summed in ATen's order: every kernel gives the same bits), "fast"
-(bf16 in a free order, within float32's error bound; what compiled graphs
-call) and "int8" (every kernel gives the bits of the AVX2 int8 kernel).
-The first kernel of each class is the AVX2 one: the class's reference and
-what runs wherever no rule applies.
-
-Why rules and not timing: as in ggml-cpu, the choice follows the CPU's
-features alone, so it is instant, the same on every run, and testable by
-naming a feature set; timing on a reader's first run cost seconds and, on
-a busy machine, sometimes picked the slower kernel. The measurements
-behind each rule: ch02/03_fast-decoding/README.md (`step_bandwidth.py
---kernels` there times the kernels a CPU runs).
+(bf16 summed in ATen's order, all with the same bits), "fast" (bf16 in a
+free order, within float32's error bound; for compiled graphs) and "int8"
+(all with the AVX2 int8 kernel's bits). Each class's first kernel, the
+AVX2 one, is its reference and runs wherever no rule applies. As in
+ggml-cpu, the CPU's features alone decide (instant, the same on every run,
+testable); the measurements behind each rule are in
+ch02/03_fast-decoding/README.md.
 
 `QWEN3_KERNEL_VARIANTS` overrides the rules: "default" (the AVX2 kernels)
 or kernel names (e.g. "int8_avx512vnni_s2"). A kernel other than the
-reference is checked once per process against its class's reference on a
-small problem (bits, or the bound) before it runs; one that fails is not
-used, with one line on stderr.
+reference is checked once per process against it on a small problem
+before it runs; one that fails is not used (one line on stderr).
 """
 
 from __future__ import annotations
@@ -26,12 +20,11 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from utils import settings
-from utils.fast.kernels import Kernels
+from utils.fast.kernels import Kernel, Kernels
 from utils.log import get_logger
 
 CLASSES = ("exact", "fast", "int8")
@@ -47,43 +40,15 @@ RULES: dict[str, tuple[tuple[frozenset[str], str], ...]] = {
 }
 
 
-@dataclass(frozen=True)
-class Kernel:
-    """One entry of the library's table: its index (what the C calls
-    take), name, class, the CPU features it needs and the multiple k must
-    be."""
-
-    index: int
-    name: str
-    cls: str
-    needs: frozenset[str]
-    kmul: int
-
-
-def _feature_names(kernels: Kernels) -> list[str]:
-    return kernels.lib.qwen3_cpu_feature_names().decode("ascii").split(",")
-
-
-def _names_of(bits: int, names: list[str]) -> frozenset[str]:
-    return frozenset(n for i, n in enumerate(names) if bits >> i & 1)
-
-
-@functools.cache
 def kernel_table(kernels: Kernels) -> tuple[Kernel, ...]:
     """Every kernel the library was built with, in its table's order."""
-    names = _feature_names(kernels)
-    table = []
-    text = kernels.lib.qwen3_kernels().decode("ascii")
-    for i, entry in enumerate(e for e in text.split(";") if e):
-        name, cls, needs, kmul = entry.split(":")
-        table.append(Kernel(i, name, cls, _names_of(int(needs), names), int(kmul)))
-    return tuple(table)
+    return kernels.table
 
 
 def cpu_features(kernels: Kernels) -> frozenset[str]:
     """What this CPU and OS run, as the library detects it: "avx2" (with
     FMA), "avx512" (F, BW, DQ and VL), "avx512_bf16", "avx512_vnni"."""
-    return _names_of(kernels.lib.qwen3_cpu_features(), _feature_names(kernels))
+    return kernels.features(kernels.lib.qwen3_cpu_features())
 
 
 def rule_choice(cls: str, features: frozenset[str], table: Sequence[Kernel]) -> Kernel:

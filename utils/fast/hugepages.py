@@ -1,11 +1,10 @@
 """Weights on 2 MB pages (Linux transparent huge pages) for the native step.
 
 A decode step streams every weight once per token, and on some CPUs 2 MB
-pages stream much faster than 4 KB ones (ch02/03_fast-decoding/README.md).
-PyTorch and a checkpoint's memory map hand out 4 KB pages, so the weights
-a step reads get memory of their own that starts on a 2 MB boundary and is
-advised as huge pages (`madvise(MADV_HUGEPAGE)`) before anything is written
-to it. Off Linux, or where huge pages are set to `never`, nothing moves.
+pages stream much faster than the 4 KB ones PyTorch and memory maps hand
+out (ch02/03_fast-decoding/README.md). So the weights get memory of their
+own on a 2 MB boundary, advised `MADV_HUGEPAGE` before it is written. Off
+Linux, or where huge pages are set to `never`, nothing moves.
 """
 
 from __future__ import annotations

@@ -28,18 +28,42 @@ from utils.device import torch_version
 _FLOAT_X = (torch.bfloat16, torch.float32)
 
 
+@dataclass(frozen=True)
+class Kernel:
+    """One entry of the library's table: its index (what the C calls
+    take), name, class, the CPU features it needs and the multiple k must
+    be."""
+
+    index: int
+    name: str
+    cls: str
+    needs: frozenset[str]
+    kmul: int
+
+
 class Kernels:
-    """The loaded kernel library with typed, checked calls (see `get_kernels`).
-    `first[cls]` is the index of a class's reference kernel (the AVX2 one)."""
+    """The loaded kernel library with typed, checked calls (see `get_kernels`):
+    its kernels (`table`); `first[cls]`, the index of a class's reference
+    kernel (the AVX2 one)."""
 
     def __init__(self, library: build.Library) -> None:
         self.library = library
         self.lib = library.lib
         self.path = library.path
-        self.first: dict[str, int] = {}
-        entries = library.lib.qwen3_kernels().decode("ascii").split(";")
-        for i, entry in enumerate(e for e in entries if e):
-            self.first.setdefault(entry.split(":")[1], i)
+        names = self.lib.qwen3_cpu_feature_names().decode("ascii")
+        self.feature_names = names.split(",")
+        entries = self.lib.qwen3_kernels().decode("ascii").split(";")
+        self.table = tuple(
+            Kernel(i, name, cls, self.features(int(needs)), int(kmul))
+            for i, (name, cls, needs, kmul) in enumerate(
+                e.split(":") for e in entries if e
+            )
+        )
+        self.first = {k.cls: k.index for k in reversed(self.table)}
+
+    def features(self, bits: int) -> frozenset[str]:
+        """The names of the CPU features set in `bits` (the library's order)."""
+        return frozenset(n for i, n in enumerate(self.feature_names) if bits >> i & 1)
 
     def matvec(
         self,
@@ -51,16 +75,13 @@ class Kernels:
         kernel: int | None = None,
         threads: int | None = None,
     ) -> Tensor:
-        """`torch.cat([w @ x for w in weights])` in one call (one parallel
-        region: the q/k/v or gate/up projections of one token at once), in
-        x's dtype (bf16 or float32). bf16 weights: the fast kernel, or with
-        `exact=True` the one that adds like ATen's dot (k % 64 == 0); int8
-        weights: times `scales`, float32 per row. `kernel`: that index of the
-        library's table (`utils.fast.dispatch`) instead of the class's
-        reference. ValueError for operands the kernel cannot read;
-        RuntimeError when the kernel cannot run: code 1, k is not a multiple
-        of its or the weights do not fit its class; 3, the CPU lacks its
-        instructions."""
+        """`torch.cat([w @ x for w in weights])` in one parallel call (q/k/v or
+        gate/up at once), in x's dtype: bf16 weights by the fast kernel (or
+        the exact one, k % 64 == 0), int8 weights times `scales` per row.
+        `kernel`: that index of the library's table instead of the class's
+        reference. ValueError for operands it cannot read; RuntimeError when
+        the kernel cannot run (code 1: k or the weights do not fit it; 3:
+        the CPU lacks its instructions)."""
         cls = _class_of(weights, scales, exact)
         _check_operands(x, weights, scales, 64 if exact else 16)
         index = self.first[cls] if kernel is None else kernel
@@ -171,12 +192,11 @@ def torch_cpu() -> TorchCPU:
     """The facts of this process's torch and CPU that `bf16_gemv_path` uses."""
     mkldnn = torch.backends.mkldnn.is_available()
     onednn_bf16 = bool(mkldnn and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    avx512_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     return TorchCPU(
         torch_version=torch_version(),
         mkldnn_built=mkldnn,
         onednn_bf16=onednn_bf16,
-        avx512_bf16=bool(avx512_bf16()),
+        avx512_bf16=torch.cpu._is_avx512_bf16_supported(),
         openblas="BLAS_INFO=open" in torch.__config__.show(),
         capability=torch.backends.cpu.get_cpu_capability(),
     )
@@ -286,13 +306,11 @@ def _eager_exact(x: Tensor, weight: Tensor) -> bool:
 def linear(
     x: Tensor, weights: list[Tensor], scales: list[Tensor] | None = None
 ) -> list[Tensor] | None:
-    """`[F.linear(x, w) for w in weights]` for bias-free layers sharing a
-    decode row x (q/k/v, gate/up), as one kernel call; int8 weights with
-    their `scales`: `x @ (w * s[:, None]).T`. Inside torch.compile the fast
-    (or int8) kernel, an operator in the graph; eagerly int8 always, bf16
-    only with the exact kernel where torch itself would add the same way
-    (so eager results are F.linear's bits). None where no kernel applies:
-    the caller then runs torch."""
+    """`[F.linear(x, w) for w in weights]` (int8: `x @ (w * s[:, None]).T`)
+    for layers sharing a decode row x, in one kernel call: inside
+    torch.compile the fast or int8 kernel; eagerly int8, or the exact
+    kernel where torch would add the same way (F.linear's bits). None
+    where no kernel applies (the caller runs torch)."""
     if "kernels" not in _LOADED or not all(supports(x, w) for w in weights):
         return None
     if torch.compiler.is_compiling():

@@ -1,13 +1,12 @@
 """The fast decoder's model: the book's Qwen3 with a static KV cache.
 
 Same weights, state-dict keys and numerics as the book's `Qwen3Model`,
-arranged as fast inference code is (gpt-fast): the KV cache is allocated
-for prompt + new tokens and written in place, the position is a tensor and
-the causal mask a comparison with a precomputed `arange`, so every decode
-step has the same shapes and can be compiled or replayed. Eager code runs
-the book's operations in the book's order and dtypes (its linear layers
-give `F.linear`'s bits: `utils.fast.kernels.linear`). How a step is run is
-`utils.fast.steps`'s business.
+arranged as gpt-fast arranges them: the KV cache is allocated for prompt +
+new tokens and written in place, the position is a tensor and the causal
+mask a comparison with a precomputed `arange`, so every decode step has
+the same shapes and can be compiled or replayed. Eager code runs the
+book's operations in its order and dtypes (linear layers: `F.linear`'s
+bits, `utils.fast.kernels.linear`). Running steps: `utils.fast.steps`.
 """
 
 from __future__ import annotations
@@ -133,12 +132,10 @@ class GroupedQueryAttention(nn.Module):
         # compiled step reads the whole static cache, masked
         keys, values = self.k_cache[:, :, :kv_len], self.v_cache[:, :, :kv_len]
         if torch.compiler.is_compiling():
-            # No copies of keys/values: the query heads g*r .. g*r+r-1 that
-            # share kv group g (repeat_interleave in the book) stacked on
-            # the token axis, (b, heads, t, d) -> (b, kv_groups, r*t, d), in
-            # one fused attention call (float32 inside, skipping the book's
-            # bf16 rounding of the scores; faster than float32 scores and
-            # softmax left to inductor)
+            # No copies of keys/values: the r query heads sharing a kv group
+            # stacked on the token axis, (b, kv_groups, r*t, d), in one fused
+            # attention call (float32 inside, skipping the book's bf16
+            # rounding of the scores; faster than leaving them to inductor)
             r = self.num_heads // self.num_kv_groups
             q = q.reshape(b, self.num_kv_groups, r * t, self.head_dim)
             ctx = F.scaled_dot_product_attention(q, keys, values, attn_mask=~mask)
@@ -277,10 +274,9 @@ class StaticQwen3(nn.Module):
         block_fn: BlockFn | None = None,
     ) -> Tensor:
         """Logits for tokens `idx` (b, t) at positions `input_pos` (t,), whose
-        keys/values are written into the cache first. `kv_len`, the number
-        of filled cache slots, lets eager code attend over exactly those
-        (rounding like the book in bf16); None (compiled) keeps every shape
-        static. `block_fn` runs each layer (default `block_forward`)."""
+        keys/values are written into the cache first. `kv_len` (filled cache
+        slots) lets eager code attend over exactly those, rounding like the
+        book; None keeps every shape static. `block_fn` runs each layer."""
         if self.positions is None:
             raise RuntimeError("Call setup_cache(batch_size, num_tokens) first.")
         x = self.tok_emb(idx)  # (b, t, emb_dim)

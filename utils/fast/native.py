@@ -1,21 +1,19 @@
 """The whole decode step as one C call (CPU, batch 1): the Python side.
 
-The eager step makes about a hundred small torch calls per token around the
-matrix-vector products, which on a small CPU cost as much as reading the
-weights; torch.compile removes most of them but takes a while to compile.
-`qwen3_decode_step` (csrc/decode_step.c) runs the step, embedding to
-logits, in one call. It reads the model's own tensors in place (weights
-and KV cache, unlike llama.cpp-style runtimes with their own weight files),
-so prefill, eager and compiled steps can be mixed freely. The C side takes
-one table of pointers whose layout `csrc/step_layout.h` defines and the
-library reports by name (`Library.layout`); this module fills it by name.
+Around its products the eager step makes about a hundred small torch calls
+per token, which on a small CPU cost as much as reading the weights;
+torch.compile removes most of them but takes a while. `qwen3_decode_step`
+(csrc/decode_step.c) runs embedding to logits in one call, reading the
+model's own weights and KV cache in place, so prefill, eager and compiled
+steps mix freely. It takes one table of pointers whose layout
+`csrc/step_layout.h` defines and the library reports by name; this module
+fills it by name.
 
-Numerics: bf16 is rounded where the book's model rounds it, but the
-float32 sums of norms, softmax and attention run in their own order, so
-tokens are close to the eager step's, not guaranteed equal
-(`ch02/03_fast-decoding/agreement.py`). The products run the kernels
-`utils.fast.dispatch` picks from the CPU's features; within the exact and
-int8 classes they all give the AVX2 kernel's bits.
+Numerics: bf16 is rounded where the book's model rounds it, but float32
+sums (norms, softmax, attention) run in their own order: tokens are close
+to the eager step's, not guaranteed equal (ch02/03_fast-decoding/
+agreement.py). Every kernel `utils.fast.dispatch` picks gives the AVX2
+kernel's bits within the exact and int8 classes.
 """
 
 from __future__ import annotations
@@ -58,15 +56,6 @@ def _weight(layer: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
     return layer.weight, None
 
 
-def _norm_ok(norm: Any, eps: float) -> bool:
-    return (
-        norm is not None
-        and getattr(norm, "shift", None) is None
-        and getattr(norm, "qwen3_compatible", True)
-        and float(norm.eps) == eps
-    )
-
-
 def _linears(model: Any) -> list[torch.nn.Module]:
     """The model's linear layers: the head, then each layer's, in order."""
     blocks = model.trf_blocks
@@ -83,7 +72,12 @@ def _layers_reason(model: Any) -> str | None:
         norms = [block.norm1, block.norm2]
         if att.q_norm is not None:
             norms += [att.q_norm, att.k_norm]
-        if not all(_norm_ok(n, eps) for n in norms):
+        if not all(
+            getattr(n, "shift", None) is None
+            and getattr(n, "qwen3_compatible", True)
+            and float(n.eps) == eps
+            for n in norms
+        ):
             return "its RMSNorm layers differ from Qwen3's"
         for group in _GROUPS:
             mods = [block.get_submodule(_LINEARS[x]) for x in group]

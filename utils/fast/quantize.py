@@ -2,13 +2,10 @@
 
 Each linear layer's weight becomes int8 with one float32 scale per output
 row (symmetric, absmax / 127); activations stay in the model's dtype. On
-CPUs a decode row goes through the int8 kernel (`utils.fast.kernels`),
-which reads half the bytes of bf16 and rounds the input to 16-bit fixed
-point (finer than bf16 for all but entries far below the largest one).
-The token embedding becomes int8 too; tied to the output layer (Qwen3
-0.6B) it reads the same int8 table. `quantize_int8` lets go of each bf16
-weight as soon as its int8 copy exists, so the model never holds both.
-How close the result stays to bf16: `ch02/03_fast-decoding/agreement.py`.
+CPUs a decode row goes through the int8 kernel (`utils.fast.kernels`): half
+the bytes of bf16, the input rounded to 16-bit fixed point. The token
+embedding becomes int8 too (tied, as in Qwen3 0.6B: the head's table).
+How close it stays to bf16: `ch02/03_fast-decoding/agreement.py`.
 """
 
 from __future__ import annotations
@@ -114,15 +111,11 @@ def int8_block(shapes: list[tuple[int, int]]) -> list[Tensor]:
 
 def quantize_int8(model: nn.Module, include_head: bool = True) -> nn.Module:
     """Replace the bias-free `nn.Linear` layers of `model` (in place) with
-    `Int8Linear`, one at a time; `include_head=False` keeps `out_head`. A
-    `tok_emb` tied to a quantized `out_head` becomes an `Int8Embedding` on
-    the same int8 table; an untied one gets its own. On the CPU the int8
-    weights share one `int8_block`.
-
-    Approximate: logits change slightly, greedy tokens mostly not. Each
-    bf16 weight is released unless something else holds it (e.g. the book
-    model a FastQwen3 was wrapped around). Afterwards a model with an
-    `on_layers_replaced()` method is told (FastQwen3 drops its step)."""
+    `Int8Linear`, one at a time (`include_head=False` keeps `out_head`), and
+    `tok_emb` with an `Int8Embedding` (tied: on the head's int8 table). On
+    the CPU the int8 weights share one `int8_block`. Each bf16 weight is
+    let go as its int8 copy exists, unless something else holds it (the
+    book model); then `model.on_layers_replaced()`, if any, is called."""
     emb, head = getattr(model, "tok_emb", None), getattr(model, "out_head", None)
     emb = emb if isinstance(emb, nn.Embedding) else None
     tied = emb is not None and head is not None and head.weight is emb.weight

@@ -1,12 +1,10 @@
 """Decode steps, and prefill / decode / generate with them (gpt-fast style).
 
 A decode step turns one token (b, 1) at one position into the next token
-and the logits. Three kinds implement the `DecodeStep` protocol: the
-model's own forward (`EagerStep`), a torch.compile'd step or block
-(`CompiledStep`), and the whole step as one C call on CPUs (`NativeStep`,
-`utils.fast.native`). `FastQwen3` is the model with a chosen step;
-`generate` streams tokens exactly like the book's
-`generate_text_basic_stream_cache`.
+and the logits: the model's own forward (`EagerStep`), a torch.compile'd
+step or block (`CompiledStep`) or one C call (`utils.fast.native`).
+`FastQwen3` is the model with a chosen step; `generate` streams tokens
+like the book's `generate_text_basic_stream_cache`.
 """
 
 from __future__ import annotations
@@ -112,14 +110,11 @@ class FastQwen3(StaticQwen3):
         options: Mapping[str, Any] | None = None,
         scope: str = "step",
     ) -> FastQwen3:
-        """Compile the decode step used by `generate`.
-
-        scope="step": the whole step as one graph (fastest per token; on
-        CUDA replayed with CUDA graphs, mode="reduce-overhead"). scope=
-        "block": only the transformer block, compiled once for every layer
-        (all have the same shapes), the rest eager: a fraction of the
-        compile time, a little slower per token. If compiling fails,
-        generation falls back to eager with a one-line message."""
+        """Compile the decode step used by `generate`: scope="step", the whole
+        step as one graph (fastest per token; CUDA graphs on CUDA); "block",
+        the transformer block compiled once for every layer, the rest eager
+        (a fraction of the compile time). If compiling fails, generation
+        falls back to eager with a one-line message."""
         if scope not in ("step", "block"):
             raise ValueError(f'scope must be "step" or "block", got {scope!r}')
         from utils.compile import separate_inductor_cache
