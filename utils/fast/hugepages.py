@@ -10,6 +10,7 @@ Linux, or where huge pages are set to `never`, nothing moves.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import ctypes
 import sys
 from pathlib import Path
@@ -28,11 +29,9 @@ def madvise(start: int, length: int, advice: int) -> None:
     elsewhere or where the kernel refuses it."""
     if not sys.platform.startswith("linux") or length <= 0:
         return
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), advice)
-    except (OSError, AttributeError):
-        pass
 
 
 def huge_pages_enabled() -> bool:

@@ -83,7 +83,9 @@ class Kernels:
         the kernel cannot run (code 1: k or the weights do not fit it; 3:
         the CPU lacks its instructions)."""
         cls = _class_of(weights, scales, exact)
-        _check_operands(x, weights, scales, 64 if exact else 16)
+        problem = _operand_problem(x, weights, scales, 64 if exact else 16)
+        if problem is not None:
+            raise ValueError(problem)
         index = self.first[cls] if kernel is None else kernel
         rows = [w.shape[0] for w in weights]
         y = torch.empty(sum(rows), dtype=x.dtype)
@@ -121,33 +123,33 @@ def _class_of(weights: list[Tensor], scales: list[Tensor] | None, exact: bool) -
     )
 
 
-def _check_operands(
+def _operand_problem(
     x: Tensor, weights: list[Tensor], scales: list[Tensor] | None, multiple: int
-) -> None:
-    """ValueError saying what is wrong unless the kernel can read these
-    tensors safely: contiguous CPU tensors, weights (n, k) of one dtype, k a
-    multiple of `multiple`, x (k,) bf16 or float32, scales (n,) float32.
-    Messages are only made on failure (about a hundred calls per token)."""
+) -> str | None:
+    """What keeps the kernel from reading these tensors safely (None:
+    nothing). It needs contiguous CPU tensors, weights (n, k) all bf16 or
+    all int8, k a multiple of `multiple`, x (k,) bf16 or float32, scales
+    (n,) float32. Messages are made only on failure (a hundred calls a
+    token)."""
     for t in (x, *weights, *(scales or ())):
         if t.device.type != "cpu" or not t.is_contiguous():
-            raise ValueError("x, weights and scales must be contiguous CPU tensors")
+            return "x, weights and scales must be contiguous CPU tensors"
     first = weights[0]
     for i, w in enumerate(weights):
-        if w.dtype != first.dtype:
-            raise ValueError(f"weights differ in dtype: {first.dtype} and {w.dtype}")
+        if w.dtype != first.dtype or w.dtype not in (torch.bfloat16, torch.int8):
+            return f"weights differ in dtype or are not bf16/int8: {w.dtype}"
         if w.dim() != 2 or w.shape[1] != first.shape[1]:
-            raise ValueError(f"weights must be 2-D, alike in k; got {tuple(w.shape)}")
+            return f"weights must be 2-D, alike in k; got {tuple(w.shape)}"
         s = None if scales is None else scales[i]
         if s is not None and (s.dtype != torch.float32 or s.shape != w.shape[:1]):
             got = f"{tuple(s.shape)} {s.dtype}"
-            raise ValueError(f"scales must be ({w.shape[0]},) float32, got {got}")
+            return f"scales must be ({w.shape[0]},) float32, got {got}"
     k = first.shape[1]
     if k % multiple:
-        raise ValueError(f"weight columns ({k}) must be a multiple of {multiple}")
+        return f"weight columns ({k}) must be a multiple of {multiple}"
     if x.dtype not in _FLOAT_X or x.shape != (k,):
-        raise ValueError(
-            f"x must be ({k},) bf16 or float32, got {tuple(x.shape)} {x.dtype}"
-        )
+        return f"x must be ({k},) bf16 or float32, got {tuple(x.shape)} {x.dtype}"
+    return None
 
 
 # The kernels loaded in this process (set once by `get_kernels`), looked up
@@ -276,22 +278,6 @@ def _register_ops() -> None:
 # What the layers call
 
 
-def supports(x: Tensor, weight: Tensor) -> bool:
-    """Whether the kernel handles `x @ weight.T`: one CPU row (decode), K a
-    multiple of 16, contiguous bf16/int8 weight, bf16/float32 activations."""
-    return (
-        x.device.type == "cpu"
-        and weight.device.type == "cpu"
-        and x.dtype in _FLOAT_X
-        and weight.dtype in (torch.bfloat16, torch.int8)
-        and weight.dim() == 2
-        and weight.is_contiguous()
-        and x.shape[-1] == weight.shape[1]
-        and weight.shape[1] % 16 == 0
-        and x.numel() == x.shape[-1]
-    )
-
-
 def _eager_exact(x: Tensor, weight: Tensor) -> bool:
     """Whether eager code may use the exact kernel for `F.linear(x, weight)`:
     same dtypes (as F.linear needs) and torch would add the same way."""
@@ -311,7 +297,9 @@ def linear(
     torch.compile the fast or int8 kernel; eagerly int8, or the exact
     kernel where torch would add the same way (F.linear's bits). None
     where no kernel applies (the caller runs torch)."""
-    if "kernels" not in _LOADED or not all(supports(x, w) for w in weights):
+    if "kernels" not in _LOADED or x.numel() != x.shape[-1]:
+        return None  # not loaded, or not a decode row
+    if _operand_problem(x.reshape(-1), weights, scales, 16) is not None:
         return None
     if torch.compiler.is_compiling():
         if scales is None:

@@ -18,11 +18,6 @@ from utils.log import get_logger
 
 _log = get_logger(__name__)
 
-INT8_NOTE = (
-    "weight-only int8: about half the bytes per token; approximate, tokens "
-    "can differ from bf16's"
-)
-
 
 @dataclass(frozen=True)
 class DecodePath:
@@ -64,7 +59,8 @@ class DecodePath:
                     module._parameters[name] = None
         if self.int8:
             quantize_int8(fast)
-            _log.info("%s: %s", self.name, INT8_NOTE)
+            note = "approximate, tokens can differ from bf16's"
+            _log.info("%s: weight-only int8, half the bytes; %s", self.name, note)
         if self.compile:
             fast.compile_decode(scope=self.compile)
         # fastest by a rule, not a race: on every CPU we measured, the native
@@ -146,5 +142,4 @@ def describe_step(model: Any) -> str | None:
     """The kernels a fast model's native step runs (e.g. "bf16_exact_avx2"),
     None for any other step."""
     step = getattr(model, "decode_step", None)
-    describe = getattr(step, "describe", None)
-    return describe() if callable(describe) else None
+    return step.describe() if hasattr(step, "describe") else None
