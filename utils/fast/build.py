@@ -49,9 +49,8 @@ _SCALARS = {"int": ctypes.c_int, "long": ctypes.c_long, "double": ctypes.c_doubl
 
 @dataclass(frozen=True, eq=False)  # one per process and build: by identity
 class Library:
-    """The loaded C library: its ctypes handle, file, whether it was built
-    with OpenMP, and the decode step's table layout it reports (section ->
-    slot names in order: "global", "layer", "dims")."""
+    """The loaded C library: ctypes handle, file, whether built with OpenMP,
+    the decode step's table layout it reports (section -> slot names)."""
 
     lib: ctypes.CDLL
     path: Path
@@ -158,11 +157,10 @@ def verified(path: Path) -> bool:
 
 def parse_layout(text: str) -> dict[str, tuple[str, ...]]:
     """`qwen3_step_layout()`'s "global:A,B,;layer:...;dims:..." as a dict."""
-    layout = {}
-    for section in text.split(";"):
-        name, _, names = section.partition(":")
-        layout[name] = tuple(n for n in names.split(",") if n)
-    return layout
+    sections = (section.partition(":") for section in text.split(";"))
+    return {
+        name: tuple(n for n in names.split(",") if n) for name, _, names in sections
+    }
 
 
 def load(path: Path, testing: bool = False) -> Library:

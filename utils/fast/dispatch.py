@@ -82,9 +82,8 @@ def _problem(cls: str, gen: torch.Generator):
 
 def check_kernel(kernels: Kernels, kernel: Kernel, reference: Kernel) -> str | None:
     """Why `kernel` fails its class's check here (None: it passes): the
-    reference's bits for float32 and bf16 outputs on one and two threads,
-    or for the fast class |y - w.x| <= gamma_k * sum|w_i x_i|
-    (gamma_k = k u / (1 - k u), u = 2**-24) against the float64 product."""
+    reference's bits (float32 and bf16 out, one and two threads), or for
+    the fast class |y - w.x| <= k u / (1 - k u) * sum|w_i x_i|, u = 2**-24."""
     x, ws, scales = _problem(kernel.cls, torch.Generator().manual_seed(kernel.index))
     for threads, out in itertools.product((1, 2), (torch.float32, torch.bfloat16)):
         got, want = (
@@ -111,7 +110,7 @@ def _within_bound(got: torch.Tensor, x: torch.Tensor, ws: list[torch.Tensor]) ->
 @functools.cache
 def _passes_check(kernels: Kernels, kernel: Kernel) -> bool:
     """`check_kernel` once per process; one line on stderr when it fails."""
-    reference = next(k for k in kernel_table(kernels) if k.cls == kernel.cls)
+    reference = kernels.table[kernels.first[kernel.cls]]
     if kernel == reference:
         return True
     reason = check_kernel(kernels, kernel, reference)
@@ -149,15 +148,12 @@ def choose(
     fails its load-time check gives way to the class's reference."""
     table, have = kernel_table(kernels), cpu_features(kernels)
     features = have if features is None else features & have
-    if setting is None:
-        setting = settings.text(ENV) or ""
-    setting = setting.strip()
-    if setting == "default":
-        chosen = {c: rule_choice(c, frozenset(), table) for c in classes}
-    else:
-        chosen = {c: rule_choice(c, features, table) for c in classes}
-        if setting:
-            chosen = _forced(setting, chosen, table, features)
+    setting = ((settings.text(ENV) if setting is None else setting) or "").strip()
+    if setting == "default":  # the AVX2 kernels, as on a CPU with no rule
+        features, setting = frozenset(), ""
+    chosen = {c: rule_choice(c, features, table) for c in classes}
+    if setting:
+        chosen = _forced(setting, chosen, table, features)
     for cls, k in chosen.items():
         if not _passes_check(kernels, k):
             chosen[cls] = rule_choice(cls, frozenset(), table)

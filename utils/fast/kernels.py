@@ -30,9 +30,8 @@ _FLOAT_X = (torch.bfloat16, torch.float32)
 
 @dataclass(frozen=True)
 class Kernel:
-    """One entry of the library's table: its index (what the C calls
-    take), name, class, the CPU features it needs and the multiple k must
-    be."""
+    """One entry of the library's table: index (what the C calls take),
+    name, class, the CPU features it needs, the multiple k must be."""
 
     index: int
     name: str
@@ -152,8 +151,8 @@ def _operand_problem(
     return None
 
 
-# The kernels loaded in this process (set once by `get_kernels`), looked up
-# by the operators below on every call, and the operator library itself
+# The kernels loaded in this process (set once by `get_kernels`; the
+# operators below look them up) and the operator library
 _LOADED: dict[str, Any] = {}
 
 
@@ -211,19 +210,16 @@ def bf16_gemv_path(
     cpu: TorchCPU | None = None,
 ) -> str:
     """Which code torch 2.10 runs for `F.linear(x, w)`, x one bf16 row and
-    w a bf16 (rows, cols) matrix, on an x86-64 CPU.
-
-    `F.linear` -> `mm` -> `addmm_impl_cpu_` -> `cpublas::gemm` (bf16, transa,
-    n == 1; aten/src/ATen/native/LinearAlgebra.cpp, CPUBlas.cpp) tries
-    oneDNN (`mkldnn_bf16_gemm`) where the CPU has AVX512_BF16; it takes the
-    product when mkldnn is enabled, its bf16 check passes and rows * cols >
-    16**3 (mkldnn/Matmul.cpp): "onednn". Else an OpenBLAS build may call
-    sbgemm: "openblas". Else ATen's `bf16_gemv_trans` (cpu/
-    ReducedPrecisionFloatGemvFastPathKernel.cpp; REGISTER_DISPATCH leaves
-    the AVX512 slot empty, so the AVX2 code runs at both capabilities):
-    "aten-avx2", the exact kernel's sums; at ATEN_CPU_CAPABILITY=default its
-    scalar code: "aten-default". Other torch versions: "unverified".
-    `mkldnn_enabled` and `cpu` default to this process's."""
+    w a bf16 (rows, cols) matrix, on an x86-64 CPU (`mkldnn_enabled` and
+    `cpu` default to this process's). `F.linear` -> `mm` -> `cpublas::gemm`
+    (aten/src/ATen/native/LinearAlgebra.cpp, CPUBlas.cpp) tries oneDNN where
+    the CPU has AVX512_BF16: taken when mkldnn is enabled, its bf16 check
+    passes and rows * cols > 16**3 (mkldnn/Matmul.cpp): "onednn". Else an
+    OpenBLAS build may call sbgemm: "openblas". Else ATen's
+    `bf16_gemv_trans` (cpu/ReducedPrecisionFloatGemvFastPathKernel.cpp; its
+    AVX2 code also runs at capability AVX512): "aten-avx2", the exact
+    kernel's sums; at ATEN_CPU_CAPABILITY=default "aten-default". Other
+    torch versions: "unverified"."""
     if mkldnn_enabled is None:
         mkldnn_enabled = torch.backends.mkldnn.enabled
     cpu = cpu or torch_cpu()

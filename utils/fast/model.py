@@ -252,9 +252,9 @@ class StaticQwen3(nn.Module):
         dtype = self.activation_dtype
         shape = (batch_size, self.cfg["n_kv_groups"], length, self.head_dim)
         kc = self.trf_blocks[0].att.k_cache
-        if kc is not None and tuple(kc.shape) == shape and kc.device == device:
-            if kc.dtype == dtype:
-                return length
+        current = None if kc is None else (tuple(kc.shape), kc.device, kc.dtype)
+        if current == (shape, device, dtype):
+            return length
         for block in self.trf_blocks:
             block.att.k_cache = torch.zeros(shape, dtype=dtype, device=device)
             block.att.v_cache = torch.zeros(shape, dtype=dtype, device=device)
@@ -301,7 +301,7 @@ def greedy_step(
     block_fn: BlockFn | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One decode step computed by `model` itself: (next token (b, 1), the
-    last position's logits (b, vocab)). Every kind of decode step in
-    `utils.fast.steps` is this function, compiled or not, or replaces it."""
+    last position's logits (b, vocab)); every decode step is this function,
+    compiled or not, or replaces it."""
     logits = model(cur_token, input_pos, kv_len, block_fn)[:, -1]
     return torch.argmax(logits, dim=-1, keepdim=True), logits

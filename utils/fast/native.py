@@ -245,9 +245,8 @@ class NativeStep:
         return True
 
     def _token_and_pos(self, cur_token: Tensor, input_pos: Tensor) -> tuple[int, int]:
-        """Addresses of the token and the (first) position as int64, for
-        C to read: the tensors' own where they hold int64 on the CPU, else
-        copies in this step's own two slots."""
+        """Addresses of the token and the (first) position as int64 for C:
+        the tensors' own where they are int64 on the CPU, else copies."""
         if cur_token.dtype is torch.int64 and input_pos.dtype is torch.int64:
             if input_pos.is_cpu and input_pos.numel() > 0:
                 return cur_token.data_ptr(), input_pos.data_ptr()
@@ -257,10 +256,9 @@ class NativeStep:
         return address, address + self._ints.itemsize
 
     def _fresh_outputs(self) -> tuple[Tensor, Tensor]:
-        """New logits (1, vocab) and token (1, 1) tensors for one step,
-        made OUTPUTS_AHEAD pairs at a time: a torch.empty with the caches
-        cold after a step costs many times one made right after another.
-        Never handed out twice, so a caller may keep them."""
+        """New logits (1, vocab) and token (1, 1) tensors (never handed out
+        twice), made OUTPUTS_AHEAD at a time: a torch.empty with the caches
+        cold after a step costs many times one made right after another."""
         if not self._outputs:
             with torch.inference_mode(False):  # usable in and out of it
                 self._outputs = [

@@ -76,8 +76,7 @@ class Int8Linear(nn.Module):
 
 class Int8Embedding(nn.Module):
     """Token embedding read from an int8 table with one float32 scale per
-    row; with tied weights it shares the output layer's int8 table, so no
-    bf16 table is kept."""
+    row (tied weights: the output layer's int8 table)."""
 
     is_embedding = True  # one row read per token (see utils.fast.bandwidth)
 
@@ -95,9 +94,8 @@ class Int8Embedding(nn.Module):
 
 def int8_block(shapes: list[tuple[int, int]]) -> list[Tensor]:
     """Empty int8 CPU tensors of `shapes`, back to back (64-byte aligned) in
-    one `huge_page_empty` block: the int8 step streams every weight once
-    per token, faster from 2 MB pages, and tensors allocated one by one
-    rarely cover a whole aligned 2 MB page."""
+    one `huge_page_empty` block: the step streams them from 2 MB pages,
+    which tensors allocated one by one rarely cover."""
     offsets, total = [], 0
     for rows, cols in shapes:
         offsets.append(total)

@@ -25,9 +25,8 @@ _log = get_logger(__name__)
 
 
 class DecodeStep(Protocol):
-    """`step(model, cur_token (b, 1), input_pos (1,), kv_len)` -> (next
-    token (b, 1), logits (b, vocab)); `kv_len`, the number of filled cache
-    slots, is a hint that static-shape steps ignore."""
+    """`step(model, cur_token (b, 1), input_pos (1,), kv_len)` -> (next token
+    (b, 1), logits (b, vocab)); static-shape steps ignore `kv_len`."""
 
     kind: str  # "eager", "compiled" or "native"
     fresh_outputs: bool  # each call returns new tensors (no copies needed)
