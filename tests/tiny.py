@@ -61,6 +61,15 @@ def book_model(state_dict: dict, cfg: dict[str, Any]) -> torch.nn.Module:
     return model.eval()
 
 
+def fast_model(cfg: dict[str, Any], state_dict: dict) -> torch.nn.Module:
+    """A FastQwen3 holding `state_dict` (tied without `out_head.weight`),
+    built the one way the code builds it: from the book's model."""
+    from utils.fast import FastQwen3
+    from utils.models import load_book_model
+
+    return FastQwen3.from_book_model(load_book_model(state_dict, cfg=cfg))
+
+
 def tokens(stream) -> list[list[int]]:
     """Collect a (batch, 1)-token stream into lists of ids per sequence."""
     out = list(stream)

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import utils.fast.build as build
-from tests.tiny import PROMPT, tiny_config, tiny_state_dict, tokens
+from tests.tiny import PROMPT, fast_model, tiny_config, tiny_state_dict, tokens
 from utils import provenance
-from utils.fast import FastQwen3, generate, get_kernels
+from utils.fast import generate, get_kernels
 from utils.fast.kernels import Kernels
 from utils.fileio import atomic_write_bytes
 
@@ -63,7 +63,7 @@ USE_KERNEL = """
     w = torch.randn(300, 128, generator=gen).bfloat16()
     x = torch.randn(128, generator=gen).bfloat16()
     print("path", k.path)
-    print("bits", k.matvec(x, w, exact=True).view(torch.int16).tolist())
+    print("bits", k.matvec(x, [w], exact=True).view(torch.int16).tolist())
 """
 
 
@@ -72,7 +72,7 @@ def expected_bits(kernels) -> str:
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(300, 128, generator=gen).bfloat16()
     x = torch.randn(128, generator=gen).bfloat16()
-    return f"bits {kernels.matvec(x, w, exact=True).view(torch.int16).tolist()}"
+    return f"bits {kernels.matvec(x, [w], exact=True).view(torch.int16).tolist()}"
 
 
 @pytest.mark.slow  # fresh interpreters
@@ -111,7 +111,7 @@ def test_library_without_the_entry_points_is_rebuilt(kernels, tmp_path, capsys):
     assert rebuilt.path == target and build.verified(target)
     x, w = torch.randn(64), torch.randn(8, 64).bfloat16()
     # the same bits as the session's kernels (checked against their sums)
-    assert torch.equal(Kernels(rebuilt).matvec(x, w), kernels.matvec(x, w))
+    assert torch.equal(Kernels(rebuilt).matvec(x, [w]), kernels.matvec(x, [w]))
 
 
 @pytest.mark.slow  # a fresh interpreter
@@ -156,8 +156,8 @@ def test_compiler_without_openmp_builds_single_threaded(kernels, tmp_path, capsy
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(3000, 1024, generator=gen).to(torch.bfloat16)
     x = torch.randn(1024, generator=gen).to(torch.bfloat16)
-    want = kernels.matvec(x, w, exact=True)
-    assert torch.equal(Kernels(single).matvec(x, w, exact=True), want)
+    want = kernels.matvec(x, [w], exact=True)
+    assert torch.equal(Kernels(single).matvec(x, [w], exact=True), want)
 
 
 def test_no_compiler_means_torch_matmul_with_one_message(tmp_path, monkeypatch, capsys):
@@ -176,13 +176,13 @@ def test_no_compiler_means_torch_matmul_with_one_message(tmp_path, monkeypatch, 
     assert not fresh.exists() or not any(fresh.iterdir())
     # A model built now generates with torch's matmul, the same tokens
     cfg = tiny_config(context_length=512, dtype=torch.bfloat16)
-    fast = FastQwen3.from_state_dict(cfg, tiny_state_dict(cfg=cfg))
+    fast = fast_model(cfg, tiny_state_dict(cfg=cfg))
     got = tokens(generate(fast, PROMPT, 10))
-    assert not fast.cpu_matvec_active()
+    assert not fast.out_head.use_kernel
     monkeypatch.undo()
     if get_kernels() is not None:
         assert tokens(generate(fast, PROMPT, 10)) == got
-        assert fast.cpu_matvec_active()
+        assert fast.out_head.use_kernel
 
 
 def test_kernel_cache_dir_follows_the_environment(monkeypatch, tmp_path):

@@ -18,8 +18,8 @@ import torch
 
 import utils.fast.build as build
 import utils.fast.dispatch as dispatch
-from tests.tiny import PROMPT, tiny_config, tiny_state_dict, tokens
-from utils.fast import FastQwen3, generate, get_kernels, quantize_int8
+from tests.tiny import PROMPT, fast_model, tiny_config, tiny_state_dict, tokens
+from utils.fast import generate, get_kernels, quantize_int8
 from utils.fast.dispatch import (
     CLASSES,
     Kernel,
@@ -100,18 +100,20 @@ def test_every_kernel_computes_what_its_class_promises(kernels, kernel, threads)
             continue
         x, ws, scales = problem(kernel.cls, k, rows, gen)
         for out in (torch.float32, torch.bfloat16):
-            got = kernels.matvec_with(kernel.index, x.to(out), ws, scales, threads)
+            got = kernels.matvec(
+                x.to(out), ws, scales, kernel=kernel.index, threads=threads
+            )
             assert got.shape == (sum(rows),) and got.dtype == out
             if kernel.cls == "fast":
                 assert out != torch.float32 or within_float32_bound(got, x, ws)
                 continue
-            want = kernels.matvec_multi(x.to(out), ws, scales, exact=True)
+            want = kernels.matvec(x.to(out), ws, scales, exact=True)
             view = torch.int32 if out == torch.float32 else torch.int16
             assert torch.equal(got.view(view), want.view(view)), (k, rows, out)
     if kernel.cls == "int8":  # an inf in x: the float32 kernel, as the reference
         x[7] = math.inf
-        got = kernels.matvec_with(kernel.index, x, ws, scales, threads)
-        want = kernels.matvec_multi(x, ws, scales)
+        got = kernels.matvec(x, ws, scales, kernel=kernel.index, threads=threads)
+        want = kernels.matvec(x, ws, scales)
         assert torch.equal(got.isnan(), want.isnan())
         assert torch.equal(got[~want.isnan()], want[~want.isnan()])
 
@@ -128,10 +130,10 @@ def test_a_thread_that_starts_late_has_its_passes_taken_same_bits(test_kernels, 
         if k % kernel.kmul:
             continue
         x, ws, scales = problem(kernel.cls, k, rows, gen)
-        alone = test_kernels.matvec_with(kernel.index, x, ws, scales, 1)
+        alone = test_kernels.matvec(x, ws, scales, kernel=kernel.index, threads=1)
         lib.qwen3_test_stolen_passes(20_000)
         try:
-            late = test_kernels.matvec_with(kernel.index, x, ws, scales, 2)
+            late = test_kernels.matvec(x, ws, scales, kernel=kernel.index, threads=2)
         finally:
             stolen = lib.qwen3_test_stolen_passes(0)
         assert torch.equal(late.view(torch.int32), alone.view(torch.int32)), k
@@ -244,7 +246,7 @@ def test_the_library_refuses_a_kernel_the_cpu_lacks(test_kernels):
         for k in table:
             x, ws, scales = problem(k.cls, 1024, (8,), torch.Generator())
             with pytest.raises(RuntimeError, match="code 3"):
-                test_kernels.matvec_with(k.index, x, ws, scales)
+                test_kernels.matvec(x, ws, scales, kernel=k.index)
     assert "avx2" in cpu_features(test_kernels)
 
 
@@ -253,11 +255,11 @@ def test_wrong_k_or_index_is_an_error_not_a_crash(kernels):
     exact = reference(kernels, "exact")
     x, ws, _ = problem("exact", 80, (4,), torch.Generator())  # 80 % 64 != 0
     with pytest.raises(RuntimeError, match="code 1"):
-        kernels.matvec_with(exact.index, x, ws)
+        kernels.matvec(x, ws, kernel=exact.index)
     x, ws, scales = problem("int8", 64, (4,), torch.Generator())
     for index in (-1, len(table), exact.index):  # none, or not an int8 one
         with pytest.raises(RuntimeError, match="code 1"):
-            kernels.matvec_with(index, x, ws, scales)
+            kernels.matvec(x, ws, scales, kernel=index)
 
 
 def test_an_exact_kernel_taking_x_as_bf16_refuses_an_x_it_would_round(kernels):
@@ -268,13 +270,13 @@ def test_an_exact_kernel_taking_x_as_bf16_refuses_an_x_it_would_round(kernels):
     if not xb.needs <= cpu_features(kernels):
         pytest.skip("this CPU runs no AVX-512 kernel")
     x, ws, _ = problem("exact", 1024, (8, 3), torch.Generator().manual_seed(1))
-    want = kernels.matvec_multi(x, ws, None, exact=True)
+    want = kernels.matvec(x, ws, None, exact=True)
     off = x.clone()
     off[5] = torch.nextafter(off[5], torch.tensor(math.inf))  # not a bf16 value
-    assert torch.equal(kernels.matvec_with(xb.index, x, ws).view(torch.int32),
+    assert torch.equal(kernels.matvec(x, ws, kernel=xb.index).view(torch.int32),
                        want.view(torch.int32))  # fmt: skip
     with pytest.raises(RuntimeError, match="code 1"):
-        kernels.matvec_with(xb.index, off, ws)
+        kernels.matvec(off, ws, kernel=xb.index)
 
 
 def test_the_load_time_check_catches_a_kernel_with_other_bits(kernels):
@@ -314,7 +316,7 @@ def test_whole_steps_give_the_same_logits_with_every_exact_or_int8_kernel(kernel
     for cls in ("exact", "int8"):
         results = {}
         for name in runnable(kernels, cls):
-            model = FastQwen3.from_state_dict(BF16, sd)
+            model = fast_model(BF16, sd)
             if cls == "int8":
                 model = quantize_int8(model)
             assert model.use_native_step(kernels=name)

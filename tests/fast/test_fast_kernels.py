@@ -18,6 +18,7 @@ import utils.fast.kernels as kernels_mod
 from tests.tiny import (
     PROMPT,
     book_model,
+    fast_model,
     skip_if_inductor_cannot_build,
     tiny_config,
     tiny_state_dict,
@@ -32,6 +33,7 @@ from utils.fast import (
     quantize_int8,
 )
 from utils.fast.kernels import TorchCPU, bf16_gemv_path
+from utils.fast.model import KernelLinear, project
 
 # ---------------------------------------------------------------------------
 # Emulated references: the kernels' documented float32 summation orders
@@ -125,7 +127,7 @@ def test_bf16_kernels_match_their_documented_sums(kernels, n, k):
     for x_dtype in (torch.bfloat16, torch.float32):
         x = torch.randn(k, generator=gen).to(x_dtype)
         for kind in ("exact", "fast"):
-            got = kernels.matvec(x, w, exact=kind == "exact")
+            got = kernels.matvec(x, [w], exact=kind == "exact")
             assert got.dtype == x_dtype and got.shape == (n,)
             want = reference(x, w[rows], kind)
             assert torch.equal(got[rows], want), (kind, x_dtype)
@@ -142,7 +144,7 @@ def test_int8_kernel_matches_its_documented_sums(kernels, n, k):
     scales = torch.rand(n, generator=gen) + 0.01
     for x_dtype in (torch.float32, torch.bfloat16):
         x = torch.randn(1, k, generator=gen).to(x_dtype)
-        got = kernels_mod.int8_linear(x, w, scales)
+        (got,) = kernels_mod.linear(x, [w], [scales])
         assert got.dtype == x_dtype and got.shape == (1, n)
         assert torch.equal(got[0], int8_reference(x[0], w, scales))
     # and close to the float product of the same weights (x's 16-bit rounding)
@@ -155,32 +157,33 @@ def test_int8_kernel_matches_its_documented_sums(kernels, n, k):
 
 @pytest.mark.parametrize("sizes", [(2048, 1024, 1024), (5, 1000, 3), (3072, 3072)])
 def test_grouped_call_equals_one_call_per_matrix(kernels, sizes):
-    """matvec_multi: the same bits as one matvec per weight, concatenated,
+    """matvec of a group: the same bits as one call per weight, concatenated,
     whichever thread gets which rows (the split crosses matrix borders)."""
     gen = torch.Generator().manual_seed(sum(sizes))
     k = 1024
     x = torch.randn(k, generator=gen).to(torch.bfloat16)
     ws = [torch.randn(n, k, generator=gen).to(torch.bfloat16) for n in sizes]
     for exact in (False, True):
-        got = kernels.matvec_multi(x, ws, exact=exact)
-        want = torch.cat([kernels.matvec(x, w, exact=exact) for w in ws])
+        got = kernels.matvec(x, ws, exact=exact)
+        want = torch.cat([kernels.matvec(x, [w], exact=exact) for w in ws])
         assert torch.equal(got, want)
     qs = [
         torch.randint(-127, 128, w.shape, generator=gen, dtype=torch.int8) for w in ws
     ]
     ss = [torch.rand(n, generator=gen) for n in sizes]
-    got = kernels.matvec_multi(x, qs, ss)
+    got = kernels.matvec(x, qs, ss)
     assert torch.equal(
-        got, torch.cat([kernels.matvec(x, q, s) for q, s in zip(qs, ss, strict=True)])
+        got,
+        torch.cat([kernels.matvec(x, [q], [s]) for q, s in zip(qs, ss, strict=True)]),
     )
-    pieces = kernels_mod.linear_group(x.view(1, k), ws)
+    pieces = kernels_mod.linear(x.view(1, k), qs, ss)
     assert [p.shape for p in pieces] == [(1, n) for n in sizes]
-    for piece, w in zip(pieces, ws, strict=True):
-        assert torch.equal(piece, kernels_mod.linear(x.view(1, k), w))
+    for piece, q, s in zip(pieces, qs, ss, strict=True):
+        assert torch.equal(piece, kernels_mod.linear(x.view(1, k), [q], [s])[0])
     with pytest.raises(ValueError, match="scales"):
-        kernels.matvec_multi(x, qs, ss[:1])
+        kernels.matvec(x, qs, ss[:1])
     with pytest.raises(ValueError, match="dtype"):
-        kernels.matvec_multi(x, [ws[0], qs[0]])
+        kernels.matvec(x, [ws[0], qs[0]])
 
 
 def test_int8_kernel_propagates_nan_and_inf(kernels):
@@ -190,43 +193,52 @@ def test_int8_kernel_propagates_nan_and_inf(kernels):
     for bad in (float("nan"), float("inf")):
         x = torch.ones(64)
         x[3] = bad
-        got = kernels.matvec(x, w, scales)
+        got = kernels.matvec(x, [w], [scales])
         assert not torch.isfinite(got).any()
-    assert torch.equal(kernels.matvec(torch.zeros(64), w, scales), torch.zeros(8))
+    assert torch.equal(kernels.matvec(torch.zeros(64), [w], [scales]), torch.zeros(8))
 
 
 def test_wrong_operands_raise_clear_errors(kernels):
     w = torch.randint(-127, 128, (1000, 64), dtype=torch.int8)
     x = torch.randn(1, 64)
     with pytest.raises(ValueError, match=r"scales must be .*\(1000,\)"):
-        kernels_mod.int8_linear(x, w, torch.ones(1))
+        kernels.matvec(x[0], [w], [torch.ones(1)])
     with pytest.raises(ValueError, match="contiguous"):
-        kernels_mod.int8_linear(x, w, torch.ones(1000, 2)[:, 0])
-    with pytest.raises(ValueError, match="one CPU row"):
-        kernels_mod.int8_linear(torch.randn(2, 64), w, torch.ones(1000))
+        kernels.matvec(x[0], [w], [torch.ones(1000, 2)[:, 0]])
+    # the layers' entry leaves what the kernel cannot take to torch
+    assert kernels_mod.linear(x, [w], [torch.ones(1)]) is None
+    assert kernels_mod.linear(torch.randn(2, 64), [w], [torch.ones(1000)]) is None
     with pytest.raises(ValueError, match="scales must be"):
-        kernels.matvec(x[0], w, torch.ones(1000, dtype=torch.float64))
+        kernels.matvec(x[0], [w], [torch.ones(1000, dtype=torch.float64)])
     wb = torch.randn(32, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"x must be \(64,\)"):
-        kernels.matvec(torch.randn(32), wb)
+        kernels.matvec(torch.randn(32), [wb])
     with pytest.raises(ValueError, match="contiguous"):
-        kernels.matvec(torch.randn(64, 2)[:, 0], wb)
+        kernels.matvec(torch.randn(64, 2)[:, 0], [wb])
     with pytest.raises(ValueError, match="multiple of 64"):
-        kernels.matvec(torch.randn(48), torch.zeros(4, 48).bfloat16(), exact=True)
+        kernels.matvec(torch.randn(48), [torch.zeros(4, 48).bfloat16()], exact=True)
     with pytest.raises(ValueError, match="bf16 weight"):
-        kernels.matvec(torch.randn(64), torch.zeros(4, 64))
+        kernels.matvec(torch.randn(64), [torch.zeros(4, 64)])
 
 
-def test_shapes_the_kernel_does_not_take_use_torch():
+def layer(weight: torch.Tensor) -> KernelLinear:
+    """A bias-free KernelLinear holding `weight`, set to use the kernel."""
+    m = KernelLinear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    m.weight = torch.nn.Parameter(weight, requires_grad=False)
+    m.use_kernel = True
+    return m
+
+
+def test_shapes_the_kernel_does_not_take_use_torch(kernels):
     w = torch.randn(32, 24, dtype=torch.bfloat16)  # 24 columns: not 16k
     x = torch.randn(1, 24, dtype=torch.bfloat16)
-    assert not kernels_mod.supports(x, w)
-    assert torch.equal(kernels_mod.linear(x, w), F.linear(x, w))
+    assert kernels_mod.linear(x, [w]) is None
+    assert torch.equal(layer(w)(x), F.linear(x, w))
     w = torch.randn(32, 64, dtype=torch.bfloat16)
     x2 = torch.randn(2, 64, dtype=torch.bfloat16)  # two rows: a matmul
-    assert not kernels_mod.supports(x2, w)
-    assert torch.equal(kernels_mod.linear(x2, w), F.linear(x2, w))
-    assert not kernels_mod.supports(x2[:1], w.t())  # not contiguous
+    assert kernels_mod.linear(x2, [w]) is None
+    assert torch.equal(layer(w)(x2), F.linear(x2, w))
+    assert kernels_mod.linear(x2[:1], [w.t()]) is None  # not contiguous
 
 
 # ---------------------------------------------------------------------------
@@ -283,11 +295,11 @@ def test_eager_linear_uses_the_kernel_where_the_decision_says(
     calls = exact_calls
     for rows, cols in [(3072, 1024), (64, 64), (64, 128)]:
         w = torch.randn(rows, cols).bfloat16()
-        kernels_mod.linear(torch.randn(1, 1, cols).bfloat16(), w)
-        kernels_mod.linear_group(torch.randn(1, cols).bfloat16(), [w, w[:8]])
+        layer(w)(torch.randn(1, 1, cols).bfloat16())
+        project(torch.randn(1, cols).bfloat16(), [layer(w), layer(w[:8])])
         exact = [r for r in (rows, 8) if bf16_gemv_path(r, cols, cpu=cpu) == ATEN]
-        # one call for `linear`; the group in one call where both are exact,
-        # else matrix by matrix (each only where exact)
+        # one call for the layer; the group in one call where both are
+        # exact, else layer by layer (each only where exact)
         group = [rows + 8] if len(exact) == 2 else exact
         assert calls == exact[:1] * (rows in exact) + group, (rows, cols)
         calls.clear()
@@ -302,12 +314,12 @@ def test_eager_linear_gives_torchs_bits_on_every_cpu(kernels, exact_calls, mkldn
     gen = torch.Generator().manual_seed(5)
     with torch.backends.mkldnn.flags(enabled=mkldnn), torch.inference_mode():
         for rows, cols in MODEL_SHAPES + SMALL_SHAPES:
-            decided = kernels_mod.kernel_rounds_like_torch(rows, cols)
+            decided = bf16_gemv_path(rows, cols) == ATEN
             w = torch.randn(rows, cols, generator=gen).to(torch.bfloat16)
             for trial in range(1 if rows > 100_000 else 3):
                 x = torch.randn(1, 1, cols, generator=gen).to(torch.bfloat16)
                 x = x * 10**trial
-                assert torch.equal(kernels_mod.linear(x, w), F.linear(x, w))
+                assert torch.equal(layer(w)(x), F.linear(x, w))
             used = cols % 64 == 0 and decided
             assert bool(calls) is used, (rows, cols, decided)
             calls.clear()
@@ -331,10 +343,10 @@ def test_bf16_model_with_kernel_gives_the_books_tokens(kernels, monkeypatch, cpu
     want = tokens(book_gen(book, PROMPT, 40))
     assert len(set(want[0])) > 5
     assert tokens(generate(fast, PROMPT, 40)) == want
-    assert fast.cpu_matvec_active()
+    assert fast.out_head.use_kernel
     assert not fast.use_cpu_matvec(False)
     assert tokens(generate(fast, PROMPT, 40)) == want
-    assert not fast.cpu_matvec_active()
+    assert not fast.out_head.use_kernel
     assert fast.use_cpu_matvec(True)
 
 
@@ -342,24 +354,19 @@ def test_bf16_model_with_kernel_gives_the_books_tokens(kernels, monkeypatch, cpu
 def test_compiled_decode_calls_the_kernel_and_matches_eager(kernels, monkeypatch):
     cfg = tiny_config(context_length=512, dtype=torch.bfloat16)
     sd = tiny_state_dict(1, cfg)
-    want = tokens(generate(FastQwen3.from_state_dict(cfg, sd), PROMPT, 20))
-    fast = FastQwen3.from_state_dict(cfg, sd).compile_decode()
+    want = tokens(generate(fast_model(cfg, sd), PROMPT, 20))
+    fast = fast_model(cfg, sd).compile_decode()
     calls = []
-    real, real_cat = kernels_mod._matvec_impl, kernels_mod._matvec_cat_impl
+    real = kernels_mod._matvec_impl
 
-    def counting(x, w, scales=None):  # the registered operators call these
-        calls.append(1)
-        return real(x, w, scales)
-
-    def counting_cat(x, ws, scales=None):
+    def counting(x, ws, scales=None, exact=False):  # the operators call this
         calls.append(len(ws))
-        return real_cat(x, ws, scales)
+        return real(x, ws, scales, exact)
 
     monkeypatch.setattr(kernels_mod, "_matvec_impl", counting)
-    monkeypatch.setattr(kernels_mod, "_matvec_cat_impl", counting_cat)
     assert tokens(generate(fast, PROMPT, 20)) == want
     skip_if_inductor_cannot_build(fast.decode_compiled())
-    assert fast.decode_compiled() and fast.cpu_matvec_active()
+    assert fast.decode_compiled() and fast.out_head.use_kernel
     # 19 compiled decode steps x (2 layers x (q/k/v, out, gate/up, down)
     # + the head): 9 kernel calls covering 15 matrices
     assert len(calls) >= 19 * 9 and sum(calls) >= 19 * 15
@@ -382,8 +389,8 @@ def greedy_picks(model: FastQwen3, seq: list[int]) -> list[int]:
 def test_int8_model_uses_the_kernel_and_stays_close(kernels):
     cfg = tiny_config(context_length=512, dtype=torch.bfloat16)
     sd = tiny_state_dict(2, cfg)
-    fast = FastQwen3.from_state_dict(cfg, sd)
-    q = quantize_int8(FastQwen3.from_state_dict(cfg, sd))
+    fast = fast_model(cfg, sd)
+    q = quantize_int8(fast_model(cfg, sd))
     assert isinstance(q.out_head, Int8Linear)
     assert q.out_head.scales.dtype == torch.float32
     x = torch.randn(1, 1, cfg["emb_dim"]).bfloat16()
@@ -401,4 +408,4 @@ def test_int8_model_uses_the_kernel_and_stays_close(kernels):
     assert greedy_picks(fast, seq) == seq
     agree = sum(a == b for a, b in zip(greedy_picks(q, seq), seq, strict=True))
     assert agree >= 24  # teacher-forced top-1: most steps, int8 is approximate
-    assert q.cpu_matvec_active()
+    assert q.out_head.use_kernel

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from reasoning_from_scratch.ch02 import generate_text_basic_stream_cache as book_gen
 
-from tests.tiny import PROMPT, book_model, tiny_config, tiny_state_dict, tokens
+from tests.tiny import (
+    PROMPT,
+    book_model,
+    fast_model,
+    tiny_config,
+    tiny_state_dict,
+    tokens,
+)
 from utils.fast import FastQwen3, cache_length_for, generate
 
 TINY = tiny_config(context_length=512)
@@ -27,14 +34,14 @@ def test_load_state_dict_into_fresh_model_and_tied_head():
     assert tokens(generate(fast, PROMPT, 25)) == tokens(book_gen(book, PROMPT, 25))
 
     tied = {k: v for k, v in sd.items() if k != "out_head.weight"}
-    fast_tied = FastQwen3.from_state_dict(TINY, tied)
+    fast_tied = fast_model(TINY, tied)
     assert fast_tied.out_head.weight is fast_tied.tok_emb.weight
 
 
 def test_cache_is_sized_to_the_request_not_the_context(fast_tiny):
     _, fast = fast_tiny
     list(generate(fast, PROMPT, 10))
-    b, groups, length, head_dim = fast.cache_shape
+    b, groups, length, head_dim = fast.trf_blocks[0].att.k_cache.shape
     assert (b, groups, head_dim) == (1, TINY["n_kv_groups"], TINY["head_dim"])
     assert length == cache_length_for(PROMPT.shape[1] + 10, TINY["context_length"])
     assert PROMPT.shape[1] + 10 <= length < TINY["context_length"]

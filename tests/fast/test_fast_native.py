@@ -12,7 +12,14 @@ from reasoning_from_scratch.ch02 import generate_text_basic_stream_cache as book
 from reasoning_from_scratch.qwen3 import KVCache
 
 import utils.fast.build as build
-from tests.tiny import PROMPT, book_model, tiny_config, tiny_state_dict, tokens
+from tests.tiny import (
+    PROMPT,
+    book_model,
+    fast_model,
+    tiny_config,
+    tiny_state_dict,
+    tokens,
+)
 from utils.fast import (
     FastQwen3,
     decode_one_token,
@@ -33,7 +40,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def native(sd, cfg=BF16, **kwargs) -> FastQwen3:
-    model = FastQwen3.from_state_dict(cfg, sd)
+    model = fast_model(cfg, sd)
     assert model.use_native_step(**kwargs) and model.decode_native()
     assert not model.decode_compiled()
     return model
@@ -80,7 +87,7 @@ def test_tokens_and_logits_match_the_books_bf16_model():
 
 def test_equals_the_eager_step_and_ignores_the_thread_count():
     sd = tiny_state_dict(12, BF16)
-    eager = FastQwen3.from_state_dict(BF16, sd)
+    eager = fast_model(BF16, sd)
     model = native(sd)
     seq = tokens(generate(eager, PROMPT, 60))[0]
 
@@ -113,8 +120,8 @@ def test_equals_the_eager_step_and_ignores_the_thread_count():
 
 def test_int8_weights_match_the_eager_int8_step():
     sd = tiny_state_dict(13, BF16)
-    eager = quantize_int8(FastQwen3.from_state_dict(BF16, sd))
-    model = quantize_int8(FastQwen3.from_state_dict(BF16, sd))
+    eager = quantize_int8(fast_model(BF16, sd))
+    model = quantize_int8(fast_model(BF16, sd))
     assert model.use_native_step()
     want = tokens(generate(eager, PROMPT, 60))[0]
     got = tokens(generate(model, PROMPT, 60))[0]
@@ -126,7 +133,7 @@ def test_int8_weights_match_the_eager_int8_step():
 def test_cache_written_by_native_steps_serves_eager_steps():
     sd = tiny_state_dict(14, BF16)
     model = native(sd)
-    eager = FastQwen3.from_state_dict(BF16, sd)
+    eager = fast_model(BF16, sd)
     want = tokens(generate(eager, PROMPT, 30))[0]
     model.setup_cache(1, 40)
     tok, _ = prefill(model, PROMPT)
@@ -171,7 +178,7 @@ def test_step_follows_a_new_cache_and_holds_a_copied_cos():
     assert step.cache_length == model.trf_blocks[0].att.k_cache.shape[2]
     cos = step._keep_cache[0]  # the copy the table points at, kept alive
     assert cos.is_contiguous() and torch.equal(cos, model.cos)
-    assert step.cos_pointer() == cos.data_ptr()
+    assert step._table[step._g["COS"]] == cos.data_ptr()
     last = model.trf_blocks[-1].att  # one layer's cache replaced alone
     last.v_cache = last.v_cache.clone()
     with torch.inference_mode():
@@ -249,12 +256,12 @@ def test_token_and_position_of_any_integer_dtype():
 def test_falls_back_to_eager_where_it_cannot_run(capsys):
     sd = tiny_state_dict(15, BF16)
     model = native(sd)
-    eager = FastQwen3.from_state_dict(BF16, sd)
+    eager = fast_model(BF16, sd)
     batch = torch.cat([PROMPT, PROMPT.flip(1)])
     assert tokens(generate(model, batch, 20)) == tokens(generate(eager, batch, 20))
     model.use_cpu_matvec(False)  # asked for torch's matmul: eager step
     assert tokens(generate(model, PROMPT, 20)) == tokens(generate(eager, PROMPT, 20))
-    f32 = FastQwen3.from_state_dict(tiny_config(), tiny_state_dict(15, tiny_config()))
+    f32 = fast_model(tiny_config(), tiny_state_dict(15, tiny_config()))
     assert unsupported_reason(f32) is not None
     assert f32.use_native_step() is False and f32.decode_step.kind == "eager"
     out = capsys.readouterr()
@@ -297,13 +304,14 @@ def test_cli_streamer_uses_the_native_step_for_fast(capsys):
 
     sd = tiny_state_dict(18, BF16)
     book = book_model(sd, BF16)
-    eager = FastQwen3.from_state_dict(BF16, sd)
+    eager = fast_model(BF16, sd)
     want = tokens(generate(eager, PROMPT, 12))[0]
     streamer = GreedyStreamer(book)
     got = list(streamer.stream(PROMPT, 12, fast=True))
     assert streamer._fast["fast_native"].decode_native()
     out = capsys.readouterr()
-    assert "fast_native: one C call per token" in out.err and not out.out
+    assert not out.out
+    assert "fast_native: the native step, one C call per token" in out.err
     assert sum(a == b for a, b in zip(got, want, strict=True)) >= 6
 
 
@@ -313,7 +321,7 @@ def test_int8_streamer_runs_the_native_int8_step(capsys):
 
     sd = tiny_state_dict(23, BF16)
     book = book_model(sd, BF16)
-    eager = quantize_int8(FastQwen3.from_state_dict(BF16, sd))
+    eager = quantize_int8(fast_model(BF16, sd))
     want = tokens(generate(eager, PROMPT, 12))[0]
     streamer = GreedyStreamer(book, int8=True)
     got = list(streamer.stream(PROMPT, 12, fast=True))
@@ -374,7 +382,7 @@ def test_new_weights_renew_the_step_and_old_ones_stay_alive():
     assert id(model.out_head.weight) in held
     model.load_state_dict(other, assign=True)  # new tensors, new addresses
     assert model.decode_native() and model.decode_step is not step
-    want = tokens(generate(FastQwen3.from_state_dict(BF16, other), PROMPT, 20))[0]
+    want = tokens(generate(fast_model(BF16, other), PROMPT, 20))[0]
     got = tokens(generate(model, PROMPT, 20))[0]
     assert sum(a == b for a, b in zip(got, want, strict=True)) >= 10
 
@@ -395,7 +403,7 @@ def test_step_bandwidth_script_times_each_step_next_to_a_sum():
 
     script = _step_bandwidth_script()
     sd = tiny_state_dict(21, BF16)
-    bf16, int8 = native(sd), quantize_int8(FastQwen3.from_state_dict(BF16, sd))
+    bf16, int8 = native(sd), quantize_int8(fast_model(BF16, sd))
     assert int8.use_native_step()
     rows = script.side_by_side({"bf16": bf16, "int8": int8}, rounds=4, positions=3)
     assert [r["mode"] for r in rows] == ["bf16", "int8"]
@@ -467,7 +475,7 @@ def test_a_library_with_another_table_layout_is_refused(monkeypatch, capsys):
     import dataclasses
 
     kernels = get_kernels()
-    model = FastQwen3.from_state_dict(BF16, tiny_state_dict(24, BF16))
+    model = fast_model(BF16, tiny_state_dict(24, BF16))
     layout = dict(kernels.library.layout)
     layout["layer"] = (*layout["layer"], "NEW_SLOT")
     monkeypatch.setattr(
@@ -480,13 +488,13 @@ def test_a_library_with_another_table_layout_is_refused(monkeypatch, capsys):
 
 WIDE_STEP = """
 import torch
-from tests.tiny import tiny_config, tiny_state_dict
-from utils.fast import FastQwen3, decode_one_token, prefill
+from tests.tiny import fast_model, tiny_config, tiny_state_dict
+from utils.fast import decode_one_token, prefill
 cfg = tiny_config(emb_dim=512, dtype=torch.bfloat16)  # E > 2 * hidden, > q+k+v
 sd = tiny_state_dict(5, cfg)
 out = []
 for native in (False, True):
-    model = FastQwen3.from_state_dict(cfg, sd)
+    model = fast_model(cfg, sd)
     assert model.use_native_step(native) == native
     model.setup_cache(1, 16)
     with torch.inference_mode():

@@ -15,7 +15,7 @@ import utils.fast
 import utils.fast.hugepages as hugepages
 import utils.fast.quantize as quantize_module
 from tests.memory_maps import vm_flags
-from tests.tiny import PROMPT, tiny_config, tiny_state_dict, tokens
+from tests.tiny import PROMPT, fast_model, tiny_config, tiny_state_dict, tokens
 from utils.fast import FastQwen3, decode_one_token, generate, prefill
 from utils.fast.quantize import (
     Int8Embedding,
@@ -40,7 +40,7 @@ def agreement_script():
 def test_int8_linear_is_close_to_the_float_layer():
     torch.manual_seed(0)
     lin = torch.nn.Linear(256, 96, bias=False)
-    q = Int8Linear.from_linear(lin)
+    q = Int8Linear(*quantize_weight(lin.weight))
     assert q.weight_int8.dtype == torch.int8 and q.scales.shape == (96,)
     x = torch.randn(3, 5, 256)
     ref = lin(x)
@@ -99,12 +99,12 @@ def test_int8_model_mostly_agrees_and_leaves_book_weights_alone(fast_tiny):
 def test_int8_agreement_figure_on_a_tiny_model():
     cfg = tiny_config(context_length=512, dtype=torch.bfloat16)
     sd = tiny_state_dict(4, cfg)
-    ref = FastQwen3.from_state_dict(cfg, sd)
+    ref = fast_model(cfg, sd)
     int8_agreement = agreement_script().int8_agreement
-    same = int8_agreement(ref, FastQwen3.from_state_dict(cfg, sd), [PROMPT], 12)
+    same = int8_agreement(ref, fast_model(cfg, sd), [PROMPT], 12)
     assert same["token_agreement"] == 1.0 and same["logits_max_rel_error"] == 0.0
     assert same["identical_continuations"] == 1.0 and same["steps"] == 12
-    q = quantize_int8(FastQwen3.from_state_dict(cfg, sd))
+    q = quantize_int8(fast_model(cfg, sd))
     prompts = [PROMPT, torch.tensor([[42, 17, 3, 99]]), torch.tensor([[7, 8]])]
     got = int8_agreement(ref, q, prompts, 20)
     assert got["steps"] == 60
@@ -122,7 +122,7 @@ def test_quantize_releases_each_bf16_weight(tmp_path):
     cfg = tiny_config(context_length=512, dtype=torch.bfloat16)
     path = tmp_path / "tiny.pth"
     torch.save(tiny_state_dict(5, cfg), path)
-    bf16 = FastQwen3.from_state_dict(cfg, read_checkpoint(path))
+    bf16 = fast_model(cfg, read_checkpoint(path))
     book = load_book_model(read_checkpoint(path), cfg=cfg)
     held = book.trf_blocks[0].ff.fc1.weight
     q = get_path("fast_eager_int8").build(book, adopt=True)
@@ -142,7 +142,7 @@ def test_quantize_releases_each_bf16_weight(tmp_path):
     # a tied one (as in Qwen3 0.6B) reads the head's int8 table
     tied = tiny_state_dict(5, cfg)
     del tied["out_head.weight"]
-    t = quantize_int8(FastQwen3.from_state_dict(cfg, tied))
+    t = quantize_int8(fast_model(cfg, tied))
     assert t.tok_emb.weight_int8 is t.out_head.weight_int8
     assert torch.equal(t.tok_emb.weight_int8, q.tok_emb.weight_int8)
     got = agreement_script().int8_agreement(bf16, q, [PROMPT], 15)
@@ -158,7 +158,7 @@ HUGE = 2 << 20
 def test_int8_weights_are_quantized_into_one_block_in_model_order():
     cfg = tiny_config(context_length=512, dtype=torch.bfloat16)
     sd = tiny_state_dict(5, cfg)  # untied: the embedding is in the block too
-    q = quantize_int8(FastQwen3.from_state_dict(cfg, sd))
+    q = quantize_int8(fast_model(cfg, sd))
     names = ["tok_emb"] + [
         name for name, m in q.named_modules() if isinstance(m, Int8Linear)
     ]
@@ -195,7 +195,7 @@ def test_int8_weights_elsewhere_than_the_cpu_get_no_block(monkeypatch):
 
     monkeypatch.setattr(quantize_module, "int8_block", no_block)
     linear = torch.nn.Linear(8, 4, bias=False, device="meta")
-    assert quantize_module._slots(None, [("x", linear)]) == {}
+    assert quantize_module._slots([("x", linear)]) == {}
 
 
 def test_madvise_is_not_called_off_linux(monkeypatch):

@@ -20,6 +20,7 @@ import utils.fast.steps as steps_mod
 from tests.tiny import (
     PROMPT,
     book_model,
+    fast_model,
     skip_if_inductor_cannot_build,
     tiny_config,
     tiny_state_dict,
@@ -33,7 +34,7 @@ from utils.fast import (
     get_kernels,
     prefill,
 )
-from utils.fast.kernels import kernel_rounds_like_torch
+from utils.fast.kernels import ATEN_AVX2, bf16_gemv_path
 from utils.fast.model import greedy_step
 from utils.standin import standin_state_dict, write_standin_weights
 
@@ -170,8 +171,8 @@ def test_invalid_inputs_raise_at_call_time(fast_tiny):
 @pytest.mark.slow  # an inductor compile
 def test_compiled_decode_gives_the_eager_tokens():
     sd = tiny_state_dict(1, TINY)
-    eager = FastQwen3.from_state_dict(TINY, sd)
-    compiled = FastQwen3.from_state_dict(TINY, sd).compile_decode()
+    eager = fast_model(TINY, sd)
+    compiled = fast_model(TINY, sd).compile_decode()
     want = tokens(generate(eager, PROMPT, 40))
     assert tokens(generate(compiled, PROMPT, 40)) == want
     skip_if_inductor_cannot_build(compiled.decode_compiled())
@@ -185,8 +186,8 @@ def test_block_scope_compiles_one_graph_for_all_layers():
     import torch._dynamo.utils as dynamo_utils
 
     sd = tiny_state_dict(1, TINY)
-    eager = FastQwen3.from_state_dict(TINY, sd)
-    regional = FastQwen3.from_state_dict(TINY, sd).compile_decode(scope="block")
+    eager = fast_model(TINY, sd)
+    regional = fast_model(TINY, sd).compile_decode(scope="block")
     want = tokens(generate(eager, PROMPT, 20))
     torch._dynamo.reset()
     dynamo_utils.counters.clear()
@@ -215,7 +216,7 @@ def test_compile_failure_falls_back_to_eager(fast_tiny, capsys):
         assert "no C++ compiler found" in out and "long traceback" not in out
         assert not fast.decode_compiled()
     finally:
-        fast.decode_step = None
+        fast.decode_step = steps_mod.EAGER
 
 
 @pytest.mark.slow  # the 0.6B shape
@@ -260,10 +261,10 @@ def test_06b_bf16_standin_first_50_tokens_match_book(tmp_path, exact_calls, mkld
         want = tokens(book_gen(book, prompt, 50))
         assert tokens(generate(fast, prompt, 50)) == want
         worst, _ = compare_logits(book, fast, prompt, 8)
-        decided = any(kernel_rounds_like_torch(r, c) for r, c in SHAPES_06B)
+        decided = any(bf16_gemv_path(r, c) == ATEN_AVX2 for r, c in SHAPES_06B)
     assert worst == 0
     if get_kernels() is not None:  # the kernel ran exactly where decided
-        assert fast.cpu_matvec_active() and bool(exact_calls) is decided
+        assert fast.out_head.use_kernel and bool(exact_calls) is decided
 
 
 # ---------------------------------------------------------------------------

@@ -1,13 +1,11 @@
 """The fast decoder: the book's Qwen3 weights, decoded faster (beyond Chapter 2).
 
-The door: `paths`, the registry of decode paths the rest of the project
-uses (a step measured against the memory's speed is `utils.bandwidth`,
-beside the benchmark that uses it for every mode). Behind
-it: `model` (static KV cache), `quantize` (int8 weights), `steps` (eager,
-compiled and native decode steps), `native` (the step as one C call),
-`kernels` and `dispatch` (the C matrix-vector kernels, chosen by CPU
-features), `build` (compiles `csrc/` on first use, not at import). How it
-works: ch02/03_fast-decoding/README.md.
+The door is `paths`, the registry of decode paths the rest of the project
+uses. Behind it: `model` (static KV cache), `quantize` (int8 weights),
+`steps` (eager, compiled and native decode steps), `native` (the step as
+one C call), `kernels` and `dispatch` (the C matrix-vector kernels, chosen
+by CPU features), `build` (compiles `csrc/` on first use). How it works:
+ch02/03_fast-decoding/README.md.
 """
 
 from utils.fast.dispatch import kernel_table

@@ -1,26 +1,17 @@
 """Build and load the fast decoder's C library (`csrc/`), once per machine.
 
-Why ctypes and the system C compiler rather than
-`torch.utils.cpp_extension.load_inline`: the code is plain C (no torch
-headers), so it builds in about a second with any gcc or clang, without
-Python headers or ninja; a torch extension takes far longer to build and
-needs a C++ toolchain matching PyTorch's (MSVC on Windows). Machines where
-it cannot run (no x86-64 with AVX2, Windows, no compiler) get torch's own
-matmul; a compiler without OpenMP builds a single-threaded library.
+ctypes and the system C compiler, not a torch extension: plain C builds in
+about a second with any gcc or clang, no C++ toolchain matching PyTorch's.
+Where it cannot run (no x86-64 with AVX2, Windows, no compiler) torch's
+matmul is used; a compiler without OpenMP builds a single-threaded library.
 
-The entry points and their types are read from `csrc/api.h` (and, for the
-test build, `tests/fast/csrc/testing.h`): the C prototypes are the one place
-they are written. The library is cached (`kernel_cache_dir`) under a name
-that hashes the sources, the compiler (path and version) and the flags. It
-is only loaded from a folder that the user owns and nobody else may write,
-after its SHA-256 matches the verification record written at build time
-(`utils.provenance`); a new build goes to a fresh file name and is renamed
-into place, so a library another process has mapped is never changed. A
-library that reports another ABI number is rebuilt.
-
-`get_library(testing=True)` builds the test build: the same sources plus
-`tests/fast/csrc/` with `-DQWEN3_TESTING` (scheduler hooks, the step's
-pieces and their first forms). The reader's library carries none of it.
+Entry points and types are read from the C prototypes (`csrc/api.h`). The
+library is cached under a hash of the sources, compiler and flags, loaded
+only from a folder of the user's own that nobody else may write, after its
+SHA-256 matches the record written at build time (`utils.provenance`). A
+new build is renamed into place (a mapped library never changes); one
+with another ABI number is rebuilt. `get_library(testing=True)` adds
+`tests/fast/csrc/` with `-DQWEN3_TESTING` (hooks for the tests).
 """
 
 from __future__ import annotations
@@ -44,8 +35,6 @@ from utils import provenance, settings
 from utils.errors import first_line
 from utils.log import get_logger
 
-__all__ = ["Library", "get_library", "kernel_cache_dir", "unsupported_reason"]
-
 CSRC = Path(__file__).with_name("csrc")
 TEST_CSRC = Path(__file__).parents[2] / "tests" / "fast" / "csrc"
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fvisibility=hidden",
@@ -60,9 +49,8 @@ _SCALARS = {"int": ctypes.c_int, "long": ctypes.c_long, "double": ctypes.c_doubl
 
 @dataclass(frozen=True, eq=False)  # one per process and build: by identity
 class Library:
-    """The loaded C library: its ctypes handle, file, whether it was built
-    with OpenMP, and the decode step's table layout it reports (section ->
-    slot names in order: "global", "layer", "dims")."""
+    """The loaded C library: ctypes handle, file, whether built with OpenMP,
+    the decode step's table layout it reports (section -> slot names)."""
 
     lib: ctypes.CDLL
     path: Path
@@ -72,14 +60,10 @@ class Library:
 
 def _ctype(decl: str) -> type | None:
     """The ctypes type of a C parameter or result type as api.h writes it."""
-    decl = decl.strip()
-    if decl == "void":
-        return None
-    if decl.replace(" ", "") == "constchar*":
-        return ctypes.c_char_p
-    if "*" in decl:
-        return ctypes.c_void_p
-    return _SCALARS[decl.replace("const", "").strip()]
+    decl = decl.replace("const", "").strip()
+    if "*" in decl:  # a C string (char *), else any pointer
+        return ctypes.c_char_p if decl.startswith("char") else ctypes.c_void_p
+    return None if decl == "void" else _SCALARS[decl]
 
 
 def entry_points(header: Path) -> dict[str, tuple[list, type | None]]:
@@ -122,14 +106,13 @@ def find_compiler() -> str | None:
 
 def _compiler_id(compiler: str) -> str:
     """The compiler's path and its version line (part of the cache key)."""
+    command = [compiler, "--version"]
     try:
-        proc = subprocess.run(
-            [compiler, "--version"], capture_output=True, text=True, timeout=30
-        )
-        version = (proc.stdout or proc.stderr).strip().splitlines()[:1]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        version = (proc.stdout or proc.stderr).strip().splitlines() or ["?"]
     except (OSError, subprocess.SubprocessError):
-        version = []
-    return f"{compiler} {version[0] if version else '?'}"
+        version = ["?"]
+    return f"{compiler} {version[0]}"
 
 
 def unsupported_reason() -> str | None:
@@ -138,13 +121,7 @@ def unsupported_reason() -> str | None:
         return f"needs an x86-64 CPU (this is {platform.machine()})"
     if platform.system() == "Windows":
         return "building the kernel with MSVC is not supported"
-    # The CPU's own flags (cpuinfo), not ATEN_CPU_CAPABILITY's choice
-    has_avx2 = getattr(torch.cpu, "_is_avx2_supported", None)
-    if has_avx2 is None:
-        capability = torch.backends.cpu.get_cpu_capability()
-        if capability not in ("AVX2", "AVX512"):
-            return f"needs AVX2 (torch reports {capability})"
-    elif not has_avx2():
+    if not torch.cpu._is_avx2_supported():  # cpuinfo, not ATEN_CPU_CAPABILITY
         return "needs a CPU with AVX2"
     return None
 
@@ -154,20 +131,15 @@ def check_private_dir(path: Path) -> None:
     or that is a symbolic link."""
     info = path.lstat()
     if stat.S_ISLNK(info.st_mode):
-        raise RuntimeError(f"{path} is a symbolic link; set QWEN3_KERNEL_CACHE "
-                           "to a folder of your own")  # fmt: skip
-    getuid = getattr(os, "getuid", None)
-    if getuid is not None and info.st_uid != getuid():
-        raise RuntimeError(
-            f"{path} belongs to another user; set QWEN3_KERNEL_CACHE to a "
-            "folder of your own"
-        )
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise RuntimeError(
-            f"{path} is writable by other users (mode "
-            f"{stat.S_IMODE(info.st_mode):o}); run `chmod go-w {path}` or set "
-            "QWEN3_KERNEL_CACHE to a private folder"
-        )
+        problem = "is a symbolic link"
+    elif hasattr(os, "getuid") and info.st_uid != os.getuid():
+        problem = "belongs to another user"
+    elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        mode = stat.S_IMODE(info.st_mode)
+        problem = f"is writable by other users (mode {mode:o}; `chmod go-w {path}`)"
+    else:
+        return
+    raise RuntimeError(f"{path} {problem}; set QWEN3_KERNEL_CACHE to a private folder")
 
 
 def verified(path: Path) -> bool:
@@ -185,24 +157,20 @@ def verified(path: Path) -> bool:
 
 def parse_layout(text: str) -> dict[str, tuple[str, ...]]:
     """`qwen3_step_layout()`'s "global:A,B,;layer:...;dims:..." as a dict."""
-    layout = {}
-    for section in text.split(";"):
-        name, _, names = section.partition(":")
-        layout[name] = tuple(n for n in names.split(",") if n)
-    return layout
-
-
-def _headers(testing: bool) -> list[Path]:
-    return [CSRC / "api.h"] + ([TEST_CSRC / "testing.h"] if testing else [])
+    sections = (section.partition(":") for section in text.split(";"))
+    return {
+        name: tuple(n for n in names.split(",") if n) for name, _, names in sections
+    }
 
 
 def load(path: Path, testing: bool = False) -> Library:
     """Open the library and bind its entry points; OSError/RuntimeError if
-    it is not a library built from csrc/ with this ABI and a readable table
-    layout (utils.fast.native checks the layout's names against its own)."""
+    it is not a library built from csrc/ with this ABI (utils.fast.native
+    checks the table layout it reports against its own)."""
     lib = ctypes.CDLL(str(path))
+    headers = [CSRC / "api.h"] + ([TEST_CSRC / "testing.h"] if testing else [])
     try:
-        for header in _headers(testing):
+        for header in headers:
             for name, (argtypes, restype) in entry_points(header).items():
                 fn = getattr(lib, name)
                 fn.argtypes, fn.restype = argtypes, restype
@@ -212,10 +180,6 @@ def load(path: Path, testing: bool = False) -> Library:
     if version & ~1 != abi:
         raise RuntimeError(f"{path.name} is kernel version {version:#x}, not {abi:#x}")
     layout = parse_layout(lib.qwen3_step_layout().decode("ascii"))
-    sections = all(len(set(layout.get(k, ()))) == len(layout.get(k, ())) > 0
-                   for k in ("global", "layer", "dims"))  # fmt: skip
-    if not sections:
-        raise RuntimeError(f"{path.name} reports no usable decode-step layout")
     return Library(lib, path, openmp=bool(version & 1), layout=layout)
 
 
@@ -230,22 +194,17 @@ def _compile(compiler: str, flags: list[str], cache_dir: Path, testing: bool) ->
     os.close(fd)
     sources = [str(p) for p in _sources(testing) if p.suffix == ".c"]
     extra = ["-DQWEN3_TESTING", f"-I{CSRC}", f"-I{TEST_CSRC}"] if testing else []
+    command = [compiler, *flags, *extra, *sources, "-o", out]
     try:
-        proc = subprocess.run(
-            [compiler, *flags, *extra, *sources, "-o", out],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-    except (OSError, subprocess.SubprocessError):
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            detail = (proc.stderr or proc.stdout).strip().splitlines()
+            raise RuntimeError(
+                f"{Path(compiler).name} failed: {(detail or [proc.returncode])[0]}"
+            )
+    except (OSError, RuntimeError, subprocess.SubprocessError):
         Path(out).unlink(missing_ok=True)
         raise
-    if proc.returncode != 0:
-        Path(out).unlink(missing_ok=True)
-        detail = (proc.stderr or proc.stdout).strip().splitlines()
-        raise RuntimeError(
-            f"{Path(compiler).name} failed: {detail[0] if detail else proc.returncode}"
-        )
     os.chmod(out, 0o755)  # the linker applies the umask (maybe group-writable)
     return Path(out)
 
@@ -270,11 +229,6 @@ def _cached_or_fresh(
     return Library(library.lib, target, library.openmp, library.layout)
 
 
-def _key(source: bytes, ident: str, flags: list[str]) -> str:
-    parts = [source, ident.encode(), " ".join(flags).encode()]
-    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
-
-
 def build_and_load(cache_dir: Path, testing: bool = False) -> Library:
     """The cached library if it verifies and loads, else a fresh build:
     with OpenMP, or single-threaded where the compiler rejects -fopenmp."""
@@ -286,13 +240,14 @@ def build_and_load(cache_dir: Path, testing: bool = False) -> Library:
         )
     cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     check_private_dir(cache_dir)
-    ident = _compiler_id(compiler)
+    ident = _compiler_id(compiler).encode()
     source = b"\0".join(p.name.encode() + b"\0" + p.read_bytes()
                         for p in _sources(testing))  # fmt: skip
     name = "qwen3_kernels_test" if testing else "qwen3_kernels"
     error: Exception | None = None
     for flags in ([*_FLAGS, _OPENMP], _FLAGS):
-        target = cache_dir / f"{name}_{_key(source, ident, flags)}.so"
+        key = hashlib.sha256(b"\0".join([source, ident, " ".join(flags).encode()]))
+        target = cache_dir / f"{name}_{key.hexdigest()[:16]}.so"
         try:
             library = _cached_or_fresh(compiler, flags, cache_dir, target, testing)
         except RuntimeError as exc:

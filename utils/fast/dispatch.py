@@ -1,50 +1,31 @@
 """Which matrix-vector kernel runs: a small rule table over CPU features.
 
 The library (`csrc/dispatch.c`) holds a few kernels per class: "exact"
-(bf16 summed in ATen's order: every kernel gives the same bits), "fast"
-(bf16 in a free order, within float32's error bound; what compiled graphs
-call) and "int8" (every kernel gives the bits of the AVX2 int8 kernel).
-The first kernel of each class is the AVX2 one: the class's reference and
-what runs wherever no rule applies.
-
-Why rules and not timing: as in ggml-cpu, which runs on more CPUs than any
-other project we know, the choice follows the CPU's features alone, so it
-is instant, the same on every run, and testable by naming a feature set.
-Timing kernels on a reader's first run cost seconds and, on a shared
-machine whose memory changes speed from minute to minute, sometimes picked
-a kernel that was slower over the long run. The measurements behind each
-rule are in ch02/03_fast-decoding/README.md; `step_bandwidth.py --kernels`
-there times the kernels a CPU runs, for a reader who wants to check theirs.
+(bf16 summed in ATen's order, all with the same bits), "fast" (bf16 in a
+free order, within float32's error bound; for compiled graphs) and "int8"
+(all with the AVX2 int8 kernel's bits). Each class's first kernel, the
+AVX2 one, is its reference and runs wherever no rule applies. As in
+ggml-cpu, the CPU's features alone decide (instant, the same on every run,
+testable); the measurements behind each rule are in
+ch02/03_fast-decoding/README.md.
 
 `QWEN3_KERNEL_VARIANTS` overrides the rules: "default" (the AVX2 kernels)
 or kernel names (e.g. "int8_avx512vnni_s2"). A kernel other than the
-reference is checked once per process against its class's reference on a
-small problem (bits, or the bound) before it runs; one that fails is not
-used, with one line on stderr.
+reference is checked once per process against it on a small problem
+before it runs; one that fails is not used (one line on stderr).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from utils import settings
-from utils.fast.kernels import Kernels
+from utils.fast.kernels import Kernel, Kernels
 from utils.log import get_logger
-
-__all__ = [
-    "CLASSES",
-    "RULES",
-    "ENV",
-    "Kernel",
-    "choose",
-    "cpu_features",
-    "kernel_table",
-    "rule_choice",
-]
 
 CLASSES = ("exact", "fast", "int8")
 ENV = "QWEN3_KERNEL_VARIANTS"
@@ -59,47 +40,15 @@ RULES: dict[str, tuple[tuple[frozenset[str], str], ...]] = {
 }
 
 
-@dataclass(frozen=True)
-class Kernel:
-    """One entry of the library's table: its index (what the C calls
-    take), name, class, the CPU features it needs and the multiple k must
-    be."""
-
-    index: int
-    name: str
-    cls: str
-    needs: frozenset[str]
-    kmul: int
-
-
-def _feature_names(kernels: Kernels) -> list[str]:
-    return kernels.lib.qwen3_cpu_feature_names().decode("ascii").split(",")
-
-
-def _names_of(bits: int, names: list[str]) -> frozenset[str]:
-    return frozenset(n for i, n in enumerate(names) if bits >> i & 1)
-
-
-@functools.cache
-def _table(kernels: Kernels) -> tuple[Kernel, ...]:
-    names = _feature_names(kernels)
-    table = []
-    text = kernels.lib.qwen3_kernels().decode("ascii")
-    for i, entry in enumerate(e for e in text.split(";") if e):
-        name, cls, needs, kmul = entry.split(":")
-        table.append(Kernel(i, name, cls, _names_of(int(needs), names), int(kmul)))
-    return tuple(table)
-
-
 def kernel_table(kernels: Kernels) -> tuple[Kernel, ...]:
     """Every kernel the library was built with, in its table's order."""
-    return _table(kernels)
+    return kernels.table
 
 
 def cpu_features(kernels: Kernels) -> frozenset[str]:
     """What this CPU and OS run, as the library detects it: "avx2" (with
     FMA), "avx512" (F, BW, DQ and VL), "avx512_bf16", "avx512_vnni"."""
-    return _names_of(kernels.lib.qwen3_cpu_features(), _feature_names(kernels))
+    return kernels.features(kernels.lib.qwen3_cpu_features())
 
 
 def rule_choice(cls: str, features: frozenset[str], table: Sequence[Kernel]) -> Kernel:
@@ -133,22 +82,20 @@ def _problem(cls: str, gen: torch.Generator):
 
 def check_kernel(kernels: Kernels, kernel: Kernel, reference: Kernel) -> str | None:
     """Why `kernel` fails its class's check here (None: it passes): the
-    reference's bits for float32 and bf16 outputs on one and two threads,
-    or for the fast class |y - w.x| <= gamma_k * sum|w_i x_i|
-    (gamma_k = k u / (1 - k u), u = 2**-24) against the float64 product."""
-    gen = torch.Generator().manual_seed(kernel.index)
-    x, ws, scales = _problem(kernel.cls, gen)
-    for threads in (1, 2):
-        for out in (torch.float32, torch.bfloat16):
-            got = kernels.matvec_with(kernel.index, x.to(out), ws, scales, threads)
-            if kernel.cls == "fast":
-                if out == torch.float32 and not _within_bound(got, x, ws):
-                    return "results outside float32's error bound"
-                continue
-            want = kernels.matvec_with(reference.index, x.to(out), ws, scales, threads)
-            bits = torch.int32 if out == torch.float32 else torch.int16
-            if not torch.equal(got.view(bits), want.view(bits)):
-                return f"results differ from {reference.name}'s bits"
+    reference's bits (float32 and bf16 out, one and two threads), or for
+    the fast class |y - w.x| <= k u / (1 - k u) * sum|w_i x_i|, u = 2**-24."""
+    x, ws, scales = _problem(kernel.cls, torch.Generator().manual_seed(kernel.index))
+    for threads, out in itertools.product((1, 2), (torch.float32, torch.bfloat16)):
+        got, want = (
+            kernels.matvec(x.to(out), ws, scales, kernel=k.index, threads=threads)
+            for k in (kernel, reference)
+        )
+        bits = torch.int32 if out == torch.float32 else torch.int16
+        if kernel.cls == "fast":
+            if out == torch.float32 and not _within_bound(got, x, ws):
+                return "results outside float32's error bound"
+        elif not torch.equal(got.view(bits), want.view(bits)):
+            return f"results differ from {reference.name}'s bits"
     return None
 
 
@@ -163,7 +110,7 @@ def _within_bound(got: torch.Tensor, x: torch.Tensor, ws: list[torch.Tensor]) ->
 @functools.cache
 def _passes_check(kernels: Kernels, kernel: Kernel) -> bool:
     """`check_kernel` once per process; one line on stderr when it fails."""
-    reference = next(k for k in kernel_table(kernels) if k.cls == kernel.cls)
+    reference = kernels.table[kernels.first[kernel.cls]]
     if kernel == reference:
         return True
     reason = check_kernel(kernels, kernel, reference)
@@ -201,15 +148,12 @@ def choose(
     fails its load-time check gives way to the class's reference."""
     table, have = kernel_table(kernels), cpu_features(kernels)
     features = have if features is None else features & have
-    if setting is None:
-        setting = settings.text(ENV) or ""
-    setting = setting.strip()
-    if setting == "default":
-        chosen = {c: rule_choice(c, frozenset(), table) for c in classes}
-    else:
-        chosen = {c: rule_choice(c, features, table) for c in classes}
-        if setting:
-            chosen = _forced(setting, chosen, table, features)
+    setting = ((settings.text(ENV) if setting is None else setting) or "").strip()
+    if setting == "default":  # the AVX2 kernels, as on a CPU with no rule
+        features, setting = frozenset(), ""
+    chosen = {c: rule_choice(c, features, table) for c in classes}
+    if setting:
+        chosen = _forced(setting, chosen, table, features)
     for cls, k in chosen.items():
         if not _passes_check(kernels, k):
             chosen[cls] = rule_choice(cls, frozenset(), table)

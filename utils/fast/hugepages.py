@@ -1,16 +1,15 @@
 """Weights on 2 MB pages (Linux transparent huge pages) for the native step.
 
 A decode step streams every weight once per token, and on some CPUs 2 MB
-pages stream much faster than 4 KB ones (ch02/03_fast-decoding/README.md).
-PyTorch and a checkpoint's memory map hand out 4 KB pages, so the weights
-a step reads get memory of their own that starts on a 2 MB boundary and is
-advised as huge pages (`madvise(MADV_HUGEPAGE)`) before anything is written
-to it. Off Linux, or where huge pages are set to `never`, nothing moves.
+pages stream much faster than the 4 KB ones PyTorch and memory maps hand
+out (ch02/03_fast-decoding/README.md). So the weights get memory of their
+own on a 2 MB boundary, advised `MADV_HUGEPAGE` before it is written. Off
+Linux, or where huge pages are set to `never`, nothing moves.
 """
 
 from __future__ import annotations
 
-import bisect
+import contextlib
 import ctypes
 import sys
 from pathlib import Path
@@ -29,11 +28,9 @@ def madvise(start: int, length: int, advice: int) -> None:
     elsewhere or where the kernel refuses it."""
     if not sys.platform.startswith("linux") or length <= 0:
         return
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), advice)
-    except (OSError, AttributeError):
-        pass
 
 
 def huge_pages_enabled() -> bool:
@@ -49,9 +46,8 @@ def huge_pages_enabled() -> bool:
 
 
 def page_out(t: torch.Tensor) -> None:
-    """Drop the pages of `t`'s storage from this process (MADV_PAGEOUT):
-    for checkpoint weights already copied or quantized, whose clean file
-    pages are read again from the file if ever used."""
+    """Drop the pages of `t`'s storage from this process (MADV_PAGEOUT), for
+    checkpoint weights already copied (clean file pages, read again if used)."""
     if t.device.type != "cpu":
         return
     storage = t.untyped_storage()
@@ -76,7 +72,7 @@ def huge_page_empty(nbytes: int) -> torch.Tensor:
 
 
 def _file_mappings() -> list[tuple[int, int]]:
-    """(start, end) of this process's file-backed mappings, sorted."""
+    """(start, end) of this process's file-backed mappings."""
     try:
         lines = Path("/proc/self/maps").read_text().splitlines()
     except OSError:
@@ -87,12 +83,7 @@ def _file_mappings() -> list[tuple[int, int]]:
         if len(fields) >= 6 and fields[4] != "0":  # an inode: a file
             low, high = (int(x, 16) for x in fields[0].split("-"))
             spans.append((low, high))
-    return sorted(spans)
-
-
-def _in(spans: list[tuple[int, int]], address: int) -> bool:
-    i = bisect.bisect_right(spans, (address, float("inf"))) - 1
-    return i >= 0 and spans[i][0] <= address < spans[i][1]
+    return spans
 
 
 def _copy(new: torch.Tensor, old: torch.Tensor, mapped: bool) -> None:
@@ -111,22 +102,18 @@ def _copy(new: torch.Tensor, old: torch.Tensor, mapped: bool) -> None:
 
 
 def move_weights_to_huge_pages(model: nn.Module) -> int:
-    """Give each CPU `nn.Linear` weight of `model` of at least 2 MB memory of
-    its own on huge pages, in place: the same Parameter and values, so a
-    model sharing it (the book's, a tied embedding) reads the new memory
-    too. Pages mapped from a checkpoint file are paged out as they are
-    copied; weights already on a 2 MB boundary stay. Returns the bytes
-    moved (0 where huge pages are off)."""
+    """Give each CPU `nn.Linear` weight of `model` of 2 MB or more memory of
+    its own on huge pages, in place (the same Parameter: a model sharing it
+    reads the new memory too), paging out a checkpoint's mapped pages as
+    they are copied. Returns the bytes moved (0 where huge pages are off)."""
     if not huge_pages_enabled():
         return 0
     files, moved, seen = _file_mappings(), 0, set()
     # normal tensors even in inference mode: the Parameters stay usable
     with torch.inference_mode(False), torch.no_grad():
         for module in model.modules():
-            weight = getattr(module, "weight", None)
-            if not isinstance(module, nn.Linear) or id(weight) in seen:
-                continue
-            if not isinstance(weight, nn.Parameter):
+            weight = module.weight if isinstance(module, nn.Linear) else None
+            if not isinstance(weight, nn.Parameter) or id(weight) in seen:
                 continue
             seen.add(id(weight))
             nbytes = weight.numel() * weight.element_size()
@@ -134,7 +121,8 @@ def move_weights_to_huge_pages(model: nn.Module) -> int:
                     or weight.data_ptr() % HUGE_PAGE == 0):  # fmt: skip
                 continue
             new = huge_page_empty(nbytes).view(weight.dtype).view(weight.shape)
-            _copy(new, weight.data, _in(files, weight.data_ptr()))
+            address = weight.data_ptr()
+            _copy(new, weight.data, any(lo <= address < hi for lo, hi in files))
             weight.data = new
             moved += nbytes
     return moved

@@ -1,13 +1,12 @@
 """The fast decoder's model: the book's Qwen3 with a static KV cache.
 
 Same weights, state-dict keys and numerics as the book's `Qwen3Model`,
-arranged as fast inference code is (gpt-fast): the KV cache is allocated
-for prompt + new tokens and written in place, the position is a tensor and
-the causal mask a comparison with a precomputed `arange`, so every decode
-step has the same shapes and can be compiled or replayed. Eager code runs
-the book's operations in the book's order and dtypes (its linear layers
-give `F.linear`'s bits: `utils.fast.kernels.linear`). How a step is run is
-`utils.fast.steps`'s business.
+arranged as gpt-fast arranges them: the KV cache is allocated for prompt +
+new tokens and written in place, the position is a tensor and the causal
+mask a comparison with a precomputed `arange`, so every decode step has
+the same shapes and can be compiled or replayed. Eager code runs the
+book's operations in its order and dtypes (linear layers: `F.linear`'s
+bits, `utils.fast.kernels.linear`). Running steps: `utils.fast.steps`.
 """
 
 from __future__ import annotations
@@ -21,13 +20,7 @@ import torch.nn.functional as F
 from reasoning_from_scratch.qwen3 import RMSNorm, compute_rope_params
 from torch import Tensor
 
-from utils.fast.kernels import (
-    get_kernels,
-    int8_linear_group,
-    linear,
-    linear_group,
-    supports,
-)
+from utils.fast.kernels import get_kernels, linear
 from utils.fast.quantize import Int8Linear
 
 # Cache lengths are rounded up to this multiple, so nearby prompt lengths
@@ -50,24 +43,26 @@ class KernelLinear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.use_kernel and self.bias is None:
-            return linear(x, self.weight)
+            out = linear(x, [self.weight])
+            if out is not None:
+                return out[0]
         return F.linear(x, self.weight, self.bias)
 
 
 def project(x: Tensor, layers: list[nn.Module]) -> list[Tensor]:
     """`[layer(x) for layer in layers]` for bias-free layers sharing x
     (q/k/v, gate/up): one kernel call for a decode row where they all use
-    the CPU kernel, with the same results."""
-    if (
-        all(getattr(m, "use_kernel", False) for m in layers)
-        and x.numel() == x.shape[-1]
-    ):
+    the CPU kernel (all bf16 or all int8), with the same results."""
+    if all(getattr(m, "use_kernel", False) for m in layers):
         if all(type(m) is KernelLinear and m.bias is None for m in layers):
-            return linear_group(x, [m.weight for m in layers])
-        if all(type(m) is Int8Linear for m in layers):
+            out = linear(x, [m.weight for m in layers])
+        elif all(type(m) is Int8Linear for m in layers):
             weights = [m.weight_int8 for m in layers]
-            if all(supports(x, w) for w in weights):
-                return int8_linear_group(x, weights, [m.scales for m in layers])
+            out = linear(x, weights, [m.scales for m in layers])
+        else:
+            out = None
+        if out is not None:
+            return out
     return [m(x) for m in layers]
 
 
@@ -137,12 +132,10 @@ class GroupedQueryAttention(nn.Module):
         # compiled step reads the whole static cache, masked
         keys, values = self.k_cache[:, :, :kv_len], self.v_cache[:, :, :kv_len]
         if torch.compiler.is_compiling():
-            # No copies of keys/values: the query heads g*r .. g*r+r-1 that
-            # share kv group g (repeat_interleave in the book) stacked on
-            # the token axis, (b, heads, t, d) -> (b, kv_groups, r*t, d), in
-            # one fused attention call (float32 inside, skipping the book's
-            # bf16 rounding of the scores; faster than float32 scores and
-            # softmax left to inductor)
+            # No copies of keys/values: the r query heads sharing a kv group
+            # stacked on the token axis, (b, kv_groups, r*t, d), in one fused
+            # attention call (float32 inside, skipping the book's bf16
+            # rounding of the scores; faster than leaving them to inductor)
             r = self.num_heads // self.num_kv_groups
             q = q.reshape(b, self.num_kv_groups, r * t, self.head_dim)
             ctx = F.scaled_dot_product_attention(q, keys, values, attn_mask=~mask)
@@ -188,7 +181,7 @@ def block_forward(block, x, cos, sin, mask, input_pos, kv_len=None):
 
 
 class StaticQwen3(nn.Module):
-    """Qwen3 with a static KV cache; loads the book's `Qwen3Model` state dict
+    """Qwen3 with a static KV cache; holds the book's `Qwen3Model` state dict
     (same keys) and computes the same function."""
 
     def __init__(self, cfg: Mapping[str, Any]) -> None:
@@ -205,39 +198,25 @@ class StaticQwen3(nn.Module):
         self.register_buffer("cos", None, persistent=False)
         self.register_buffer("sin", None, persistent=False)
         self.register_buffer("positions", None, persistent=False)
-        # what `use_cpu_matvec` last asked for (applied by apply_cpu_matvec)
+        # what `use_cpu_matvec` last asked for
         self.cpu_matvec_wanted = True
 
     @classmethod
-    def from_state_dict(
-        cls, cfg: Mapping[str, Any], state_dict: Mapping[str, Tensor]
-    ) -> StaticQwen3:
-        """Build without random init and adopt the tensors of a book state dict
-        (no copy; e.g. `torch.load(path, weights_only=True)`)."""
-        with torch.device("meta"):
-            model = cls(cfg)
-        sd = dict(state_dict)
-        tied = "out_head.weight" not in sd and "tok_emb.weight" in sd
-        if tied:
-            sd["out_head.weight"] = sd["tok_emb.weight"]
-        model.load_state_dict(sd, strict=True, assign=True)
-        if tied:  # one shared Parameter, as in the tied Qwen3 checkpoints
-            model.out_head.weight = model.tok_emb.weight
-        return model.eval()
-
-    @classmethod
     def from_book_model(cls, model: nn.Module) -> StaticQwen3:
-        """Wrap a book `Qwen3Model`: parameters are shared, not copied, so both
-        models see the same weights (and tying is kept)."""
+        """Wrap a book `Qwen3Model` (e.g. `utils.models.load_book_model`'s):
+        parameters are shared, not copied, so both models see the same
+        weights (and tying is kept)."""
         if not hasattr(model, "cfg") or not hasattr(model, "trf_blocks"):
             raise TypeError(
                 "from_book_model expects the book's Qwen3Model (with .cfg); "
                 f"got {type(model).__name__}"
             )
-        fast = cls.from_state_dict(model.cfg, model.state_dict(keep_vars=True))
+        with torch.device("meta"):  # no random init
+            fast = cls(model.cfg)
+        fast.load_state_dict(model.state_dict(keep_vars=True), strict=True, assign=True)
         if model.out_head.weight is model.tok_emb.weight:
             fast.out_head.weight = fast.tok_emb.weight
-        return fast
+        return fast.eval()
 
     @property
     def device(self) -> torch.device:
@@ -249,31 +228,18 @@ class StaticQwen3(nn.Module):
         emb = self.tok_emb
         return emb.dtype if hasattr(emb, "weight_int8") else emb.weight.dtype
 
-    def use_cpu_matvec(self, enabled: bool = True) -> bool:
-        """Whether decode steps on CPU use the matrix-vector kernels
-        (default: yes). Returns whether they are active now."""
-        self.cpu_matvec_wanted = enabled
-        return self.apply_cpu_matvec()
-
-    def apply_cpu_matvec(self) -> bool:
-        """Switch the layers' kernel use to what is wanted and possible here
-        (the kernels are built on first use); returns whether it is active."""
+    def use_cpu_matvec(self, enabled: bool | None = None) -> bool:
+        """Whether decode steps on CPU use the matrix-vector kernels (by
+        default they do; None: as last asked, applied again, the kernels
+        being built on first use). Returns whether they are active now."""
+        if enabled is not None:
+            self.cpu_matvec_wanted = enabled
         on_cpu = self.device.type == "cpu"
         active = bool(self.cpu_matvec_wanted and on_cpu and get_kernels())
         for module in self.modules():
             if hasattr(module, "use_kernel") and module.use_kernel != active:
                 module.use_kernel = active  # KernelLinear, Int8Linear
         return active
-
-    def cpu_matvec_active(self) -> bool:
-        """Whether the linear layers currently use the CPU kernels."""
-        return any(getattr(m, "use_kernel", False) for m in self.modules())
-
-    @property
-    def cache_shape(self) -> tuple[int, ...] | None:
-        """(batch, kv_groups, cache_len, head_dim) of the current cache."""
-        kc = self.trf_blocks[0].att.k_cache
-        return None if kc is None else tuple(kc.shape)
 
     def setup_cache(
         self, batch_size: int, num_tokens: int, device: torch.device | str | None = None
@@ -286,9 +252,9 @@ class StaticQwen3(nn.Module):
         dtype = self.activation_dtype
         shape = (batch_size, self.cfg["n_kv_groups"], length, self.head_dim)
         kc = self.trf_blocks[0].att.k_cache
-        if kc is not None and tuple(kc.shape) == shape and kc.device == device:
-            if kc.dtype == dtype:
-                return length
+        current = None if kc is None else (tuple(kc.shape), kc.device, kc.dtype)
+        if current == (shape, device, dtype):
+            return length
         for block in self.trf_blocks:
             block.att.k_cache = torch.zeros(shape, dtype=dtype, device=device)
             block.att.v_cache = torch.zeros(shape, dtype=dtype, device=device)
@@ -308,10 +274,9 @@ class StaticQwen3(nn.Module):
         block_fn: BlockFn | None = None,
     ) -> Tensor:
         """Logits for tokens `idx` (b, t) at positions `input_pos` (t,), whose
-        keys/values are written into the cache first. `kv_len`, the number
-        of filled cache slots, lets eager code attend over exactly those
-        (rounding like the book in bf16); None (compiled) keeps every shape
-        static. `block_fn` runs each layer (default `block_forward`)."""
+        keys/values are written into the cache first. `kv_len` (filled cache
+        slots) lets eager code attend over exactly those, rounding like the
+        book; None keeps every shape static. `block_fn` runs each layer."""
         if self.positions is None:
             raise RuntimeError("Call setup_cache(batch_size, num_tokens) first.")
         x = self.tok_emb(idx)  # (b, t, emb_dim)
@@ -336,7 +301,7 @@ def greedy_step(
     block_fn: BlockFn | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One decode step computed by `model` itself: (next token (b, 1), the
-    last position's logits (b, vocab)). Every kind of decode step in
-    `utils.fast.steps` is this function, compiled or not, or replaces it."""
+    last position's logits (b, vocab)); every decode step is this function,
+    compiled or not, or replaces it."""
     logits = model(cur_token, input_pos, kv_len, block_fn)[:, -1]
     return torch.argmax(logits, dim=-1, keepdim=True), logits

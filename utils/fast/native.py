@@ -1,21 +1,19 @@
 """The whole decode step as one C call (CPU, batch 1): the Python side.
 
-The eager step makes about a hundred small torch calls per token around the
-matrix-vector products, which on a small CPU cost as much as reading the
-weights; torch.compile removes most of them but takes a while to compile.
-`qwen3_decode_step` (csrc/decode_step.c) runs the step, embedding to
-logits, in one call. It reads the model's own tensors in place (weights
-and KV cache, unlike llama.cpp-style runtimes with their own weight files),
-so prefill, eager and compiled steps can be mixed freely. The C side takes
-one table of pointers whose layout `csrc/step_layout.h` defines and the
-library reports by name (`Library.layout`); this module fills it by name.
+Around its products the eager step makes about a hundred small torch calls
+per token, which on a small CPU cost as much as reading the weights;
+torch.compile removes most of them but takes a while. `qwen3_decode_step`
+(csrc/decode_step.c) runs embedding to logits in one call, reading the
+model's own weights and KV cache in place, so prefill, eager and compiled
+steps mix freely. It takes one table of pointers whose layout
+`csrc/step_layout.h` defines and the library reports by name; this module
+fills it by name.
 
-Numerics: bf16 is rounded where the book's model rounds it, but the
-float32 sums of norms, softmax and attention run in their own order, so
-tokens are close to the eager step's, not guaranteed equal
-(`ch02/03_fast-decoding/agreement.py`). The products run the kernels
-`utils.fast.dispatch` picks from the CPU's features; within the exact and
-int8 classes they all give the AVX2 kernel's bits.
+Numerics: bf16 is rounded where the book's model rounds it, but float32
+sums (norms, softmax, attention) run in their own order: tokens are close
+to the eager step's, not guaranteed equal (ch02/03_fast-decoding/
+agreement.py). Every kernel `utils.fast.dispatch` picks gives the AVX2
+kernel's bits within the exact and int8 classes.
 """
 
 from __future__ import annotations
@@ -32,63 +30,60 @@ from utils.fast.hugepages import move_weights_to_huge_pages
 from utils.fast.kernels import get_kernels
 from utils.fast.model import greedy_step
 
-# The layer's linear layers as (weight slot, scales slot, module, attribute)
-_LINEARS = (
-    ("WQ", "SQ", "att", "W_query"),
-    ("WK", "SK", "att", "W_key"),
-    ("WV", "SV", "att", "W_value"),
-    ("WO", "SO", "att", "out_proj"),
-    ("W1", "S1", "ff", "fc1"),
-    ("W2", "S2", "ff", "fc2"),
-    ("W3", "S3", "ff", "fc3"),
-)
+# Each layer's linear layers by the letter X of their slots WX (weight)
+# and SX (int8 scales); the groups share one input: one grouped call in C
+_LINEARS = {
+    "Q": "att.W_query", "K": "att.W_key", "V": "att.W_value", "O": "att.out_proj",
+    "1": "ff.fc1", "2": "ff.fc2", "3": "ff.fc3",
+}  # fmt: skip
+_GROUPS = ("QKV", "O", "12", "3")
 # logits and token tensors made at a time (NativeStep._fresh_outputs):
 # about 5 MB ahead for Qwen3's vocabulary
 OUTPUTS_AHEAD = 16
-# Layers that share one input go through one grouped call in C
-_GROUPS = (("W_query", "W_key", "W_value"), ("out_proj",), ("fc1", "fc2"), ("fc3",))
 # The slot names this module fills, per section of the reported layout
 LAYOUT_NAMES = {
     "global": {"EMB", "EMB_SCALE", "FINAL_NORM", "HEAD", "HEAD_SCALE", "COS", "SIN"},
     "layer": {"NORM1", "NORM2", "QNORM", "KNORM", "KC", "VC"}
-    | {name for slots in _LINEARS for name in slots[:2]},
+    | {kind + x for x in _LINEARS for kind in "WS"},
     "dims": {"LAYERS", "EMB", "HEADS", "KV", "HEAD_DIM", "HIDDEN", "VOCAB", "CACHE"},
 }
 
 
 def _weight(layer: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
-    """(weight, scales or None) of a KernelLinear or Int8Linear."""
+    """(weight, scales or None) of a linear layer or embedding, bf16 or int8."""
     if hasattr(layer, "weight_int8"):
         return layer.weight_int8, layer.scales
     return layer.weight, None
 
 
-def _norm_ok(norm: Any, eps: float) -> bool:
-    return (
-        norm is not None
-        and getattr(norm, "shift", None) is None
-        and getattr(norm, "qwen3_compatible", True)
-        and float(norm.eps) == eps
-    )
+def _linears(model: Any) -> list[torch.nn.Module]:
+    """The model's linear layers: the head, then each layer's, in order."""
+    blocks = model.trf_blocks
+    return [model.out_head] + [
+        b.get_submodule(p) for b in blocks for p in _LINEARS.values()
+    ]
 
 
 def _layers_reason(model: Any) -> str | None:
     """Why the model's layers do not fit the C step (None: they do)."""
     eps = float(model.final_norm.eps)
-    layers = [model.out_head]
     for block in model.trf_blocks:
-        att, ff = block.att, block.ff
+        att = block.att
         norms = [block.norm1, block.norm2]
         if att.q_norm is not None:
             norms += [att.q_norm, att.k_norm]
-        if not all(_norm_ok(n, eps) for n in norms):
+        if not all(
+            getattr(n, "shift", None) is None
+            and getattr(n, "qwen3_compatible", True)
+            and float(n.eps) == eps
+            for n in norms
+        ):
             return "its RMSNorm layers differ from Qwen3's"
         for group in _GROUPS:
-            mods = [getattr(att if hasattr(att, n) else ff, n) for n in group]
+            mods = [block.get_submodule(_LINEARS[x]) for x in group]
             if len({_weight(m)[1] is None for m in mods}) > 1:
                 return "layers sharing an input mix int8 and bf16 weights"
-            layers += mods
-    for layer in layers:
+    for layer in [model.tok_emb, *_linears(model)]:
         w, s = _weight(layer)
         if getattr(layer, "bias", None) is not None:
             return "its linear layers have biases"
@@ -97,16 +92,6 @@ def _layers_reason(model: Any) -> str | None:
         if s is not None and (s.dtype != torch.float32 or not s.is_contiguous()):
             return "its int8 scales must be contiguous float32"
     return None
-
-
-def _classes_used(model: Any) -> list[str]:
-    """The kernel classes the model's products need: "exact" (bf16
-    weights) and/or "int8" (a group's layers are alike: `_layers_reason`)."""
-    layers = [model.out_head]
-    for block in model.trf_blocks:
-        layers += [block.att.W_query, block.att.out_proj, block.ff.fc1, block.ff.fc3]
-    int8 = {_weight(layer)[1] is not None for layer in layers}
-    return [cls for cls, q in (("exact", False), ("int8", True)) if q in int8]
 
 
 def unsupported_reason(model: Any) -> str | None:
@@ -128,19 +113,14 @@ def unsupported_reason(model: Any) -> str | None:
 
 
 class NativeStep:
-    """The decode step as one C call for a `StaticQwen3` (a `DecodeStep`):
-    `step(model, cur_token, input_pos, kv_len)` -> (next token (1, 1),
-    logits). Other batches, and a model set to `use_cpu_matvec(False)`,
-    take the eager step. Its bf16 products add in ATen's dot order (the
-    exact class of kernels).
-
-    `kernels` forces kernels as $QWEN3_KERNEL_VARIANTS does ("default", or
-    names); None: that variable, else the rules' choice for this CPU
-    (`utils.fast.dispatch`); the attribute `kernels` holds the kernel per
-    class the products run. The step reads (and keeps alive) the weights
-    the model had when it was made; a FastQwen3 renews or drops it when
-    they are replaced. Its bf16 weights are first moved onto 2 MB pages
-    where Linux has them (in place: `utils.fast.hugepages`)."""
+    """The decode step as one C call for a `StaticQwen3` (a `DecodeStep`);
+    other batches, and a model set to `use_cpu_matvec(False)`, take the
+    eager step. `kernels` forces kernels as $QWEN3_KERNEL_VARIANTS does
+    (None: that variable, else the rules' choice, `utils.fast.dispatch`).
+    It reads (and keeps alive) the weights the model had when it was made,
+    first moved onto 2 MB pages where Linux has them (in place:
+    `utils.fast.hugepages`); a FastQwen3 renews or drops it when they are
+    replaced."""
 
     kind = "native"
     fresh_outputs = True  # new logits and token tensors every call
@@ -166,9 +146,7 @@ class NativeStep:
             "HEAD_DIM": model.head_dim, "HIDDEN": cfg["hidden_dim"],
             "VOCAB": cfg["vocab_size"], "CACHE": 0,  # set per cache
         }  # fmt: skip
-        self._dims = array.array("l", [0] * len(self._d))
-        for name, value in dims.items():
-            self._dims[self._d[name]] = value
+        self._dims = array.array("l", [dims[name] for name in layout["dims"]])
         self._eps = float(model.final_norm.eps)
         self._table = array.array("Q", self._static_table(model))
         # the dicts nn.Module keeps the caches in: read per step, far cheaper
@@ -183,7 +161,10 @@ class NativeStep:
         self._ints = array.array("q", [0, 0])  # see _token_and_pos
         chosen = choose(self._kernels, ("exact", "int8"), setting=kernels)
         self._indices = array.array("i", [chosen["exact"].index, chosen["int8"].index])
-        self.kernels = {cls: chosen[cls] for cls in _classes_used(model)}
+        # the kernel per class the model's products run (bf16: exact; int8)
+        int8 = {_weight(layer)[1] is not None for layer in _linears(model)}
+        used = {"exact": False in int8, "int8": True in int8}
+        self.kernels = {cls: chosen[cls] for cls, needed in used.items() if needed}
 
     def describe(self) -> str:
         """One line for the reader, e.g. "bf16_exact_avx2, int8_avx2"."""
@@ -193,10 +174,6 @@ class NativeStep:
     def cache_length(self) -> int:
         """The cache length the table was last pointed at (0: none yet)."""
         return self._dims[self._d["CACHE"]]
-
-    def cos_pointer(self) -> int:
-        """The address the table gives the C step for cos (for the tests)."""
-        return self._table[self._g["COS"]]
 
     def _hold(self, t: Tensor | None) -> int:
         """t's address (0 for None), kept alive as long as this step."""
@@ -209,24 +186,8 @@ class NativeStep:
         """A float32 contiguous copy of t (a norm's scale), held; 0 for None."""
         return 0 if t is None else self._hold(t.detach().float().contiguous())
 
-    def _layer_slots(self, block: Any) -> list[int]:
-        att, ff = block.att, block.ff
-        slots = [0] * len(self._l)
-        slots[self._l["NORM1"]] = self._f32(block.norm1.scale)
-        slots[self._l["NORM2"]] = self._f32(block.norm2.scale)
-        if att.q_norm is not None:  # else 0: no qk-norm
-            slots[self._l["QNORM"]] = self._f32(att.q_norm.scale)
-            slots[self._l["KNORM"]] = self._f32(att.k_norm.scale)
-        for w_slot, s_slot, owner, name in _LINEARS:
-            w, s = _weight(getattr(att if owner == "att" else ff, name))
-            slots[self._l[w_slot]] = self._hold(w)
-            slots[self._l[s_slot]] = self._hold(s)
-        return slots  # KC, VC: filled per cache
-
     def _static_table(self, model: Any) -> list[int]:
-        emb_w, emb_s = _weight(model.tok_emb)
-        if not all(t is None or t.is_contiguous() for t in (emb_w, emb_s)):
-            raise ValueError("native decode step: the embedding must be contiguous")
+        emb_w, emb_s = _weight(model.tok_emb)  # contiguous: _layers_reason
         head_w, head_s = _weight(model.out_head)
         table = [0] * len(self._g)  # COS, SIN: filled per cache
         table[self._g["EMB"]] = self._hold(emb_w)
@@ -235,7 +196,17 @@ class NativeStep:
         table[self._g["HEAD"]] = self._hold(head_w)
         table[self._g["HEAD_SCALE"]] = self._hold(head_s)
         for block in model.trf_blocks:
-            table += self._layer_slots(block)
+            slots = [0] * len(self._l)  # KC, VC: filled per cache
+            slots[self._l["NORM1"]] = self._f32(block.norm1.scale)
+            slots[self._l["NORM2"]] = self._f32(block.norm2.scale)
+            if block.att.q_norm is not None:  # else 0: no qk-norm
+                slots[self._l["QNORM"]] = self._f32(block.att.q_norm.scale)
+                slots[self._l["KNORM"]] = self._f32(block.att.k_norm.scale)
+            for x, path in _LINEARS.items():
+                w, s = _weight(block.get_submodule(path))
+                slots[self._l["W" + x]] = self._hold(w)
+                slots[self._l["S" + x]] = self._hold(s)
+            table += slots
         return table
 
     def _point_at_cache(self, model: Any) -> bool:
@@ -274,9 +245,8 @@ class NativeStep:
         return True
 
     def _token_and_pos(self, cur_token: Tensor, input_pos: Tensor) -> tuple[int, int]:
-        """Addresses of the token and the (first) position as int64, for
-        C to read: the tensors' own where they hold int64 on the CPU, else
-        copies in this step's own two slots."""
+        """Addresses of the token and the (first) position as int64 for C:
+        the tensors' own where they are int64 on the CPU, else copies."""
         if cur_token.dtype is torch.int64 and input_pos.dtype is torch.int64:
             if input_pos.is_cpu and input_pos.numel() > 0:
                 return cur_token.data_ptr(), input_pos.data_ptr()
@@ -286,10 +256,9 @@ class NativeStep:
         return address, address + self._ints.itemsize
 
     def _fresh_outputs(self) -> tuple[Tensor, Tensor]:
-        """New logits (1, vocab) and token (1, 1) tensors for one step,
-        made OUTPUTS_AHEAD pairs at a time: a torch.empty with the caches
-        cold after a step costs many times one made right after another.
-        Never handed out twice, so a caller may keep them."""
+        """New logits (1, vocab) and token (1, 1) tensors (never handed out
+        twice), made OUTPUTS_AHEAD at a time: a torch.empty with the caches
+        cold after a step costs many times one made right after another."""
         if not self._outputs:
             with torch.inference_mode(False):  # usable in and out of it
                 self._outputs = [

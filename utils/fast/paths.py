@@ -18,11 +18,6 @@ from utils.log import get_logger
 
 _log = get_logger(__name__)
 
-INT8_NOTE = (
-    "weight-only int8: about half the bytes per token; approximate, tokens "
-    "can differ from bf16's"
-)
-
 
 @dataclass(frozen=True)
 class DecodePath:
@@ -38,18 +33,6 @@ class DecodePath:
     native: bool = False
     fastest: bool = False  # native where it runs, else the compiled block
     in_default_run: bool = True  # run by the benchmark when no modes are named
-
-    @property
-    def needs(self) -> tuple[str, ...]:
-        """What the path needs, in words (CPU, C compiler, torch.compile)."""
-        needs = []
-        if self.int8 or self.native:
-            needs.append("a CPU")
-        if self.native:
-            needs.append("a C compiler and an x86-64 CPU with AVX2")
-        if self.compile or self.fastest:
-            needs.append("torch.compile" + (" or the native step" * self.fastest))
-        return tuple(needs)
 
     def unavailable(self, device: torch.device | str) -> str | None:
         """Why this path cannot run on `device` here (None: it can)."""
@@ -76,29 +59,22 @@ class DecodePath:
                     module._parameters[name] = None
         if self.int8:
             quantize_int8(fast)
-            _log.info("%s: %s", self.name, INT8_NOTE)
+            note = "approximate, tokens can differ from bf16's"
+            _log.info("%s: weight-only int8, half the bytes; %s", self.name, note)
         if self.compile:
             fast.compile_decode(scope=self.compile)
-        if self.fastest:
-            _fastest(self.name, fast)
-        elif self.native and fast.use_native_step():
-            _log.info("%s: one C call per token (%s)", self.name,
+        # fastest by a rule, not a race: on every CPU we measured, the native
+        # step beat the compiled one per token and needs no compile time
+        # (ch02/03_fast-decoding/README.md); timing both cost seconds and,
+        # on a busy machine, could pick the slower
+        reason = fast.native_unsupported_reason() if self.fastest else None
+        if (self.native or self.fastest) and reason is None and fast.use_native_step():
+            _log.info("%s: the native step, one C call per token (%s)", self.name,
                       describe_step(fast))  # fmt: skip
+        elif self.fastest:
+            fast.compile_decode(scope="block")
+            _log.info("%s: the compiled block (native step off: %s)", self.name, reason)
         return fast
-
-
-def _fastest(name: str, fast: Any) -> None:
-    # A rule, not a race: on every CPU we measured, the native step beat the
-    # compiled one per token and needs no compile time; timing both on a
-    # reader's first run cost seconds and, on a busy machine, could pick
-    # the slower (ch02/03_fast-decoding/README.md).
-    reason = fast.native_unsupported_reason()
-    if reason is None and fast.use_native_step():
-        _log.info("%s: the native step, one C call per token (%s)", name,
-                  describe_step(fast))  # fmt: skip
-        return
-    fast.compile_decode(scope="block")
-    _log.info("%s: the compiled block (native step off: %s)", name, reason)
 
 
 PATHS: tuple[DecodePath, ...] = (
@@ -146,9 +122,8 @@ def path_for(
     """The path the command line's `--fast [--int8] [--compile]` and the
     generation panel's switches mean on `device`: with compile, the fastest
     kind that runs here (`DecodePath.fastest`); else on a CPU the native
-    step where it can run (else one line says why: `say`, default the
-    logger); else eager. ValueError for
-    int8 off the CPU."""
+    step where it can run (else `say`, default the logger, gets one line
+    saying why); else eager. ValueError for int8 off the CPU."""
     int8_tag = "_int8" if int8 else ""
     if int8 and torch.device(device).type != "cpu":
         raise ValueError("int8 weights run on a CPU only; use --device cpu")
@@ -167,5 +142,4 @@ def describe_step(model: Any) -> str | None:
     """The kernels a fast model's native step runs (e.g. "bf16_exact_avx2"),
     None for any other step."""
     step = getattr(model, "decode_step", None)
-    describe = getattr(step, "describe", None)
-    return describe() if callable(describe) else None
+    return step.describe() if hasattr(step, "describe") else None

@@ -2,13 +2,10 @@
 
 Each linear layer's weight becomes int8 with one float32 scale per output
 row (symmetric, absmax / 127); activations stay in the model's dtype. On
-CPUs a decode row goes through the int8 kernel (`utils.fast.kernels`),
-which reads half the bytes of bf16 and rounds the input to 16-bit fixed
-point (finer than bf16 for all but entries far below the largest one).
-The token embedding becomes int8 too; tied to the output layer (Qwen3
-0.6B) it reads the same int8 table. `quantize_int8` lets go of each bf16
-weight as soon as its int8 copy exists, so the model never holds both.
-How close the result stays to bf16: `ch02/03_fast-decoding/agreement.py`.
+CPUs a decode row goes through the int8 kernel (`utils.fast.kernels`): half
+the bytes of bf16, the input rounded to 16-bit fixed point. The token
+embedding becomes int8 too (tied, as in Qwen3 0.6B: the head's table).
+How close it stays to bf16: `ch02/03_fast-decoding/agreement.py`.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from utils.fast.hugepages import huge_page_empty, page_out
-from utils.fast.kernels import int8_linear, supports
+from utils.fast.kernels import linear
 
 
 def quantize_weight(
@@ -62,17 +59,11 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_int8", weight_int8)  # (out, in)
         self.register_buffer("scales", scales)  # (out,) float32
 
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, out: Tensor | None = None) -> Int8Linear:
-        """Quantize `linear`'s weight (its bias must be None), into `out`
-        if given (an int8 tensor of the weight's shape)."""
-        if linear.bias is not None:
-            raise ValueError("Int8Linear handles bias-free layers only (as in Qwen3)")
-        return cls(*quantize_weight(linear.weight, out=out))
-
     def forward(self, x: Tensor) -> Tensor:
-        if self.use_kernel and supports(x, self.weight_int8):
-            return int8_linear(x, self.weight_int8, self.scales)
+        if self.use_kernel:
+            out = linear(x, [self.weight_int8], [self.scales])
+            if out is not None:
+                return out[0]
         x2 = x.reshape(-1, self.in_features)
         scales = self.scales.to(x.dtype)
         if x.device.type == "cpu":
@@ -85,8 +76,7 @@ class Int8Linear(nn.Module):
 
 class Int8Embedding(nn.Module):
     """Token embedding read from an int8 table with one float32 scale per
-    row; with tied weights it shares the output layer's int8 table, so no
-    bf16 table is kept."""
+    row (tied weights: the output layer's int8 table)."""
 
     is_embedding = True  # one row read per token (see utils.fast.bandwidth)
 
@@ -104,9 +94,8 @@ class Int8Embedding(nn.Module):
 
 def int8_block(shapes: list[tuple[int, int]]) -> list[Tensor]:
     """Empty int8 CPU tensors of `shapes`, back to back (64-byte aligned) in
-    one `huge_page_empty` block: the int8 step streams every weight once
-    per token, faster from 2 MB pages, and tensors allocated one by one
-    rarely cover a whole aligned 2 MB page."""
+    one `huge_page_empty` block: the step streams them from 2 MB pages,
+    which tensors allocated one by one rarely cover."""
     offsets, total = [], 0
     for rows, cols in shapes:
         offsets.append(total)
@@ -120,64 +109,55 @@ def int8_block(shapes: list[tuple[int, int]]) -> list[Tensor]:
 
 def quantize_int8(model: nn.Module, include_head: bool = True) -> nn.Module:
     """Replace the bias-free `nn.Linear` layers of `model` (in place) with
-    `Int8Linear`, one at a time; `include_head=False` keeps `out_head`. A
-    `tok_emb` tied to a quantized `out_head` becomes an `Int8Embedding` on
-    the same int8 table; an untied one gets its own. On the CPU the int8
-    weights share one `int8_block`.
-
-    Approximate: logits change slightly, greedy tokens mostly not. Each
-    bf16 weight is released unless something else holds it (e.g. the book
-    model a FastQwen3 was wrapped around). Afterwards a model with an
-    `on_layers_replaced()` method is told (FastQwen3 drops its step)."""
-    targets = [
+    `Int8Linear`, one at a time (`include_head=False` keeps `out_head`), and
+    `tok_emb` with an `Int8Embedding` (tied: on the head's int8 table). On
+    the CPU the int8 weights share one `int8_block`. Each bf16 weight is
+    let go as its int8 copy exists, unless something else holds it (the
+    book model); then `model.on_layers_replaced()`, if any, is called."""
+    emb, head = getattr(model, "tok_emb", None), getattr(model, "out_head", None)
+    emb = emb if isinstance(emb, nn.Embedding) else None
+    tied = emb is not None and head is not None and head.weight is emb.weight
+    # in the model's order (an untied embedding first, the head last)
+    targets = (
+        [("tok_emb", emb)] if emb is not None and not tied and include_head else []
+    )
+    targets += [
         (name, module)
         for name, module in model.named_modules()
         if isinstance(module, nn.Linear) and module.bias is None
         and (include_head or name != "out_head")
     ]  # fmt: skip
-    emb = getattr(model, "tok_emb", None)
-    emb = emb if isinstance(emb, nn.Embedding) else None
-    head = getattr(model, "out_head", None)
-    tied = emb is not None and head is not None and head.weight is emb.weight
-    own_emb = emb if emb is not None and not tied and include_head else None
-    slots = _slots(own_emb, targets)  # laid out in the model's order
+    slots = _slots(targets)
     # The two largest matrices first (an untied embedding, then the head):
     # their bf16 pages and int8 copies are then the peak's only large parts
-    targets.sort(key=lambda target: target[0] != "out_head")
+    targets.sort(key=lambda target: target[0] not in ("tok_emb", "out_head"))
     with torch.no_grad():
-        if own_emb is not None:
-            q, scales = quantize_weight(own_emb.weight, out=slots.get(""))
-            model.tok_emb = Int8Embedding(q, scales, own_emb.weight.dtype)
-            _release(own_emb)
-        for name, linear in targets:
-            parent_name, _, attr = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            quantized = Int8Linear.from_linear(linear, out=slots.get(name))
-            setattr(parent, attr, quantized)
+        for name, module in targets:
+            q, scales = quantize_weight(module.weight, out=slots.get(name))
+            if module is emb:  # untied
+                model.tok_emb = Int8Embedding(q, scales, emb.weight.dtype)
+            else:
+                parent_name, _, attr = name.rpartition(".")
+                parent = model.get_submodule(parent_name) if parent_name else model
+                setattr(parent, attr, Int8Linear(q, scales))
             if tied and name == "out_head":
-                dtype = emb.weight.dtype
-                model.tok_emb = Int8Embedding(
-                    quantized.weight_int8, quantized.scales, dtype
-                )
+                model.tok_emb = Int8Embedding(q, scales, emb.weight.dtype)
                 emb.weight = None
-            _release(linear)
-            del linear
+            _release(module)
+            del module
     notify = getattr(model, "on_layers_replaced", None)
     if callable(notify):
         notify()
     return model
 
 
-def _slots(
-    emb: nn.Embedding | None, targets: list[tuple[str, nn.Linear]]
-) -> dict[str, Tensor]:
-    """{layer name ("" for the embedding): its int8 tensor in one
-    `int8_block`}, or {} unless every weight is on the CPU."""
-    named = ([("", emb)] if emb is not None else []) + targets
-    if not named or any(m.weight.device.type != "cpu" for _, m in named):
+def _slots(targets: list[tuple[str, nn.Module]]) -> dict[str, Tensor]:
+    """{layer name: its int8 tensor in one `int8_block`}, or {} unless
+    every weight is on the CPU."""
+    if not targets or any(m.weight.device.type != "cpu" for _, m in targets):
         return {}
-    blocks = int8_block([tuple(m.weight.shape) for _, m in named])
-    return dict(zip([name for name, _ in named], blocks, strict=True))
+    blocks = int8_block([tuple(m.weight.shape) for _, m in targets])
+    return dict(zip([name for name, _ in targets], blocks, strict=True))
 
 
 def _release(module: nn.Module) -> None:

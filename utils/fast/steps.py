@@ -1,16 +1,15 @@
 """Decode steps, and prefill / decode / generate with them (gpt-fast style).
 
 A decode step turns one token (b, 1) at one position into the next token
-and the logits. Three kinds implement the `DecodeStep` protocol: the
-model's own forward (`EagerStep`), a torch.compile'd step or block
-(`CompiledStep`), and the whole step as one C call on CPUs (`NativeStep`,
-`utils.fast.native`). `FastQwen3` is the model with a chosen step;
-`generate` streams tokens exactly like the book's
-`generate_text_basic_stream_cache`.
+and the logits: the model's own forward (`EagerStep`), a torch.compile'd
+step or block (`CompiledStep`) or one C call (`utils.fast.native`).
+`FastQwen3` is the model with a chosen step; `generate` streams tokens
+like the book's `generate_text_basic_stream_cache`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
@@ -26,9 +25,8 @@ _log = get_logger(__name__)
 
 
 class DecodeStep(Protocol):
-    """`step(model, cur_token (b, 1), input_pos (1,), kv_len)` -> (next
-    token (b, 1), logits (b, vocab)); `kv_len`, the number of filled cache
-    slots, is a hint that static-shape steps ignore."""
+    """`step(model, cur_token (b, 1), input_pos (1,), kv_len)` -> (next token
+    (b, 1), logits (b, vocab)); static-shape steps ignore `kv_len`."""
 
     kind: str  # "eager", "compiled" or "native"
     fresh_outputs: bool  # each call returns new tensors (no copies needed)
@@ -52,42 +50,21 @@ EAGER = EagerStep()
 
 
 class CompiledStep:
-    """Calls a compiled step, `compiled(model, cur_token, input_pos)`, or,
-    with `block_fn` (scope "block"), the eager step with that compiled
-    layer. If compiling fails (e.g. no C++ compiler) it says so in one line
-    on stderr and runs the eager step from then on (`failed`)."""
+    """Calls a compiled step, `compiled(model, cur_token, input_pos)`: the
+    whole step, or the eager step with a compiled layer (scope "block").
+    If compiling fails (e.g. no C++ compiler) it says so in one line on
+    stderr and runs the eager step from then on (`failed`)."""
 
     kind = "compiled"
     fresh_outputs = False  # CUDA graphs reuse their output memory
 
-    def __init__(
-        self,
-        compiled: Callable | None = None,
-        block_fn: Callable | None = None,
-        scope: str = "step",
-    ) -> None:
+    def __init__(self, compiled: Callable) -> None:
         self.compiled = compiled
-        self.block_fn = block_fn
-        self.scope = scope
         self.failed = False
-
-    @classmethod
-    def build(cls, scope: str, **compile_kwargs: Any) -> CompiledStep:
-        """torch.compile the whole step (scope "step") or the block, its
-        compiled code kept apart per CPU capability (see utils.compile)."""
-        from utils.compile import separate_inductor_cache
-
-        separate_inductor_cache()
-        if scope == "block":
-            block_fn = torch.compile(block_forward, **compile_kwargs)
-            return cls(block_fn=block_fn, scope=scope)
-        return cls(torch.compile(greedy_step, **compile_kwargs), scope=scope)
 
     def __call__(self, model, cur_token, input_pos, kv_len=None):
         if not self.failed:
             try:
-                if self.block_fn is not None:  # static shapes: no kv_len
-                    return greedy_step(model, cur_token, input_pos, None, self.block_fn)
                 return self.compiled(model, cur_token, input_pos)
             except Exception as exc:  # noqa: BLE001 - any compiler failure
                 self._fail(exc)
@@ -117,23 +94,14 @@ class FastQwen3(StaticQwen3):
 
     def __init__(self, cfg: Mapping[str, Any]) -> None:
         super().__init__(cfg)
-        self._step: DecodeStep = EAGER
+        self.decode_step: DecodeStep = EAGER  # what decode_one_token runs
         self.compile_scope: str | None = None  # "step" or "block" once compiled
         self.register_load_state_dict_post_hook(_renew_native_step)
-
-    @property
-    def decode_step(self) -> DecodeStep:
-        """The step `decode_one_token` and `generate` use (None sets eager)."""
-        return self._step
-
-    @decode_step.setter
-    def decode_step(self, step: DecodeStep | None) -> None:
-        self._step = EAGER if step is None else step
 
     def on_layers_replaced(self) -> None:
         """Drop a compiled or native step that saw the old layers (called by
         `quantize_int8`)."""
-        self.decode_step, self.compile_scope = None, None
+        self.decode_step, self.compile_scope = EAGER, None
 
     def compile_decode(
         self,
@@ -141,25 +109,28 @@ class FastQwen3(StaticQwen3):
         options: Mapping[str, Any] | None = None,
         scope: str = "step",
     ) -> FastQwen3:
-        """Compile the decode step used by `generate`.
-
-        scope="step": the whole step as one graph (fastest per token; on
-        CUDA replayed with CUDA graphs, mode="reduce-overhead"). scope=
-        "block": only the transformer block, compiled once for every layer
-        (all have the same shapes), the rest eager: a fraction of the
-        compile time, a little slower per token. If compiling fails,
-        generation falls back to eager with a one-line message."""
+        """Compile the decode step used by `generate`: scope="step", the whole
+        step as one graph (fastest per token; CUDA graphs on CUDA); "block",
+        the transformer block compiled once for every layer, the rest eager
+        (a fraction of the compile time). If compiling fails, generation
+        falls back to eager with a one-line message."""
         if scope not in ("step", "block"):
             raise ValueError(f'scope must be "step" or "block", got {scope!r}')
+        from utils.compile import separate_inductor_cache
+
         if mode is None and options is None and self.device.type == "cuda":
             mode = "reduce-overhead" if scope == "step" else None
-        kwargs: dict[str, Any] = {"fullgraph": True, "dynamic": False}
-        if mode is not None:
-            kwargs["mode"] = mode
-        if options:
-            kwargs["options"] = dict(options)
-        self.decode_step = CompiledStep.build(scope, **kwargs)
-        self.compile_scope = scope
+        options = dict(options) if options else None
+        separate_inductor_cache()  # compiled code kept apart per CPU capability
+        compile_fn = functools.partial(
+            torch.compile, fullgraph=True, dynamic=False, mode=mode, options=options
+        )
+        if scope == "block":  # static shapes: no kv_len
+            block_fn = compile_fn(block_forward)
+            step = functools.partial(greedy_step, block_fn=block_fn)
+        else:
+            step = compile_fn(greedy_step)
+        self.decode_step, self.compile_scope = CompiledStep(step), scope
         return self
 
     def decode_compiled(self) -> bool:
@@ -178,7 +149,7 @@ class FastQwen3(StaticQwen3):
         it cannot run, says why in one line and keeps the current step."""
         if not enabled:
             if self.decode_native():
-                self.decode_step = None
+                self.decode_step = EAGER
             return False
         reason = unsupported_reason(self)
         if reason is not None:
@@ -197,7 +168,7 @@ class FastQwen3(StaticQwen3):
 def prefill(model: StaticQwen3, token_ids: Tensor) -> tuple[Tensor, Tensor]:
     """Run the prompt (b, t) from position 0, filling the cache; returns the
     greedy next token (b, 1) and the last position's logits (b, vocab)."""
-    model.apply_cpu_matvec()
+    model.use_cpu_matvec()
     num_tokens = token_ids.shape[1]
     input_pos = torch.arange(num_tokens, device=token_ids.device)
     return greedy_step(model, token_ids, input_pos, num_tokens)
@@ -218,14 +189,6 @@ def decode_one_token(
     return next_token.clone(), logits.clone()
 
 
-def _check_fast_model(model: Any) -> None:
-    if not isinstance(model, FastQwen3):
-        raise TypeError(
-            "generate() needs a FastQwen3; wrap the book's model with "
-            "FastQwen3.from_book_model(model)"
-        )
-
-
 def generate(
     model: FastQwen3,
     token_ids: Tensor,
@@ -235,7 +198,11 @@ def generate(
     """Yield greedy tokens (shape (batch, 1)) like the book's
     `generate_text_basic_stream_cache`: stop when every sequence produced
     `eos_token_id`, never yielding it or anything after it."""
-    _check_fast_model(model)
+    if not isinstance(model, FastQwen3):
+        raise TypeError(
+            "generate() needs a FastQwen3; wrap the book's model with "
+            "FastQwen3.from_book_model(model)"
+        )
     check_generation_inputs(model, token_ids, max_new_tokens)
     return _generate(model, token_ids, max_new_tokens, eos_token_id)
 
