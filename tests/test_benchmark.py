@@ -635,6 +635,7 @@ sys.exit(benchmark.main(sys.argv[2:]))
 """
 
 
+@pytest.mark.slow  # a subprocess
 def test_json_to_a_link_to_stdout_goes_to_the_pipe(rows, tmp_path):
     """`--json DIR/link` with link -> /dev/stdout -> /proc/self/fd/1 (a
     pipe here): the rows are written through and the link stays."""

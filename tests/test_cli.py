@@ -856,6 +856,7 @@ def test_a_closed_stream_is_named_in_one_line(env, tmp_path, command, redirect, 
     assert proc.returncode == 2
 
 
+@pytest.mark.slow  # subprocesses
 @pytest.mark.parametrize("command", ["generate", "chat"])
 def test_a_reader_that_leaves_early_ends_the_command_quietly(env, tiny, command):
     """`qwen3-generate ... | head -c 10`: the pipe's reader is gone before

@@ -31,6 +31,7 @@ def library_files(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
 
+@pytest.mark.slow  # builds the C library
 def test_build_is_cached_with_a_record_and_leaves_nothing_else(kernels, tmp_path):
     cache = tmp_path / "new" / "kernels"
     first = build.build_and_load(cache)
@@ -96,6 +97,7 @@ def test_damaged_library_is_rebuilt_in_a_fresh_process(kernels, tmp_path, damage
     assert build.verified(target)
 
 
+@pytest.mark.slow  # builds the C library
 def test_library_without_the_entry_points_is_rebuilt(kernels, tmp_path, capsys):
     target = build.build_and_load(tmp_path).path
     src = tmp_path / "other.c"
@@ -128,6 +130,7 @@ def test_folder_others_can_write_is_refused(kernels, tmp_path):
     assert "chmod go-w" in proc.stderr
 
 
+@pytest.mark.slow  # builds the C library
 def test_compiler_without_openmp_builds_single_threaded(kernels, tmp_path, capsys):
     fake = tmp_path / "bin" / "cc-no-openmp"
     fake.parent.mkdir()
@@ -215,6 +218,7 @@ def test_the_library_reports_the_layout_the_header_defines(kernels):
     }
 
 
+@pytest.mark.slow  # builds the C library
 def test_every_source_file_is_part_of_the_cache_key(kernels, tmp_path, monkeypatch):
     """A changed header (here: the step layout) is a new library."""
     first = build.build_and_load(tmp_path / "a")

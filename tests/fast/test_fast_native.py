@@ -505,6 +505,7 @@ print(float((out[0] - out[1]).abs().max() / out[0].abs().max()))
 """
 
 
+@pytest.mark.slow  # a subprocess
 def test_a_model_wider_than_its_products_outputs_steps_in_bounds():
     """The step's scratch for product outputs holds the embedding width too
     (a model whose emb_dim exceeds 2 x hidden_dim and q+k+v once wrote past

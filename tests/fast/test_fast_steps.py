@@ -241,7 +241,7 @@ def onednn_takes_bf16() -> bool:
 @pytest.mark.slow  # the 0.6B shape
 @pytest.mark.skipif(not X86_64, reason="claimed (and measured) on x86-64 only")
 @pytest.mark.parametrize("mkldnn", [True, False], ids=["as-is", "mkldnn-off"])
-def test_06b_bf16_standin_first_50_tokens_match_book(tmp_path, exact_calls, mkldnn):
+def test_06b_bf16_standin_tokens_and_logits_match_book(tmp_path, exact_calls, mkldnn):
     """Claimed on x86-64 CPUs: eager fast decoding gives the book's greedy
     tokens and logits bit for bit, whichever path torch takes, because its
     linear layers give F.linear's bits (the exact kernel only where torch
@@ -258,8 +258,8 @@ def test_06b_bf16_standin_first_50_tokens_match_book(tmp_path, exact_calls, mkld
     fast = FastQwen3.from_book_model(book)
     prompt = torch.tensor([[9707, 11, 1246, 525, 498, 30]])  # any 6 token ids
     with torch.backends.mkldnn.flags(enabled=mkldnn):
-        want = tokens(book_gen(book, prompt, 50))
-        assert tokens(generate(fast, prompt, 50)) == want
+        want = tokens(book_gen(book, prompt, 16))  # every logit below is equal
+        assert tokens(generate(fast, prompt, 16)) == want
         worst, _ = compare_logits(book, fast, prompt, 8)
         decided = any(bf16_gemv_path(r, c) == ATEN_AVX2 for r, c in SHAPES_06B)
     assert worst == 0
