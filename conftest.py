@@ -46,26 +46,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(
     config: pytest.Config, items: list[pytest.Item]
 ) -> None:
-    """Notebook cells (nbval) count as slow: `-m "not slow"` skips them.
-    The notebooks run first, the compile-heavy 06 before the others: with
-    two test processes (pytest-xdist), the longest file then starts at once
-    and the tests fill the other process instead of waiting for it at the
-    end. Each file keeps its order."""
+    """Notebook cells (nbval) count as slow: `-m "not slow"` skips them."""
     for item in items:
-        if _file_of(item).endswith(".ipynb"):
+        if item.nodeid.split("::")[0].endswith(".ipynb"):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=_run_order)
-
-
-def _file_of(item: pytest.Item) -> str:
-    return item.nodeid.split("::")[0]
-
-
-def _run_order(item: pytest.Item) -> int:
-    name = _file_of(item)
-    if name.endswith("06_compile.ipynb"):
-        return 0
-    return 1 if name.endswith(".ipynb") else 2
 
 
 def _inductor_cache_per_capability() -> None:
