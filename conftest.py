@@ -10,6 +10,7 @@ downloads for real (from loopback hosts) keeps its files in a third
 Inductor's compiled code goes to one folder per `ATEN_CPU_CAPABILITY`.
 """
 
+import gc
 import os
 import shutil
 import tempfile
@@ -50,6 +51,15 @@ def pytest_collection_modifyitems(
     for item in items:
         if item.nodeid.split("::")[0].endswith(".ipynb"):
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Move what collection imported (torch, transformers, sympy: millions of
+    objects) to the collector's permanent generation, so every later
+    collection, Python's own and the benchmark's between modes, walks only
+    what the tests make."""
+    gc.collect()
+    gc.freeze()
 
 
 def _inductor_cache_per_capability() -> None:

@@ -7,6 +7,7 @@ tokenizer and the 0.6B stand-in weights are built at most once.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -86,4 +87,14 @@ def unknown_id_model() -> Qwen3Model:
 
 
 def load_tokenizer(path: Path, **kwargs) -> Qwen3Tokenizer:
-    return Qwen3Tokenizer(str(path), **kwargs)
+    """The book's tokenizer for `path`, one object per file version and
+    settings: parsing the JSON takes about half a second, and no test changes
+    a tokenizer it is given."""
+    st = Path(path).stat()
+    key = (str(path), st.st_size, st.st_mtime_ns, tuple(sorted(kwargs.items())))
+    return _load_tokenizer(key)
+
+
+@functools.lru_cache(maxsize=16)
+def _load_tokenizer(key: tuple) -> Qwen3Tokenizer:
+    return Qwen3Tokenizer(key[0], **dict(key[3]))
