@@ -79,7 +79,8 @@ class FakeHost:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(0.05,), daemon=True
+            # a short poll: `shutdown` waits for the loop to see it
+            target=self._server.serve_forever, args=(0.005,), daemon=True
         )
 
     @property

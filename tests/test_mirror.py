@@ -92,7 +92,9 @@ class Index:
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(
+            target=self.server.serve_forever, args=(0.005,), daemon=True
+        ).start()
 
     def close(self) -> None:
         self.server.shutdown()

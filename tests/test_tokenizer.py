@@ -320,7 +320,8 @@ def test_missing_dashscope_says_what_to_install(
         return None if name == "dashscope" else real_find_spec(name, *args, **kwargs)
 
     monkeypatch.setattr(qt.importlib.util, "find_spec", find_spec)
-    for call in (qt.qwen_ranks_path, qt.load_qwen_ranks, qt.build_qwen3_tokenizer_json):
+    # the dict: the JSON text is cached once built (the same path below it)
+    for call in (qt.qwen_ranks_path, qt.load_qwen_ranks, qt.build_qwen3_tokenizer_dict):
         with pytest.raises(FileNotFoundError) as info:
             call()
         assert "dashscope==1.19.3" in str(info.value) and "uv sync" in str(info.value)

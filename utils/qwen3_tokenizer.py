@@ -249,6 +249,8 @@ def build_qwen3_tokenizer_dict(ranks: dict[bytes, int] | None = None) -> dict[st
     }
 
 
+@functools.lru_cache(maxsize=1)
 def build_qwen3_tokenizer_json() -> str:
-    """The full Qwen3 `tokenizer.json` text, rebuilt from the dashscope ranks."""
+    """The full Qwen3 `tokenizer.json` text, rebuilt from the dashscope ranks
+    (once per process: the rebuild takes seconds and its result never changes)."""
     return json.dumps(build_qwen3_tokenizer_dict(), ensure_ascii=False)
