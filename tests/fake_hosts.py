@@ -4,6 +4,7 @@ of every request it saw."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import socket
 import threading
@@ -78,8 +79,8 @@ class FakeHost:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
+        # a short poll: `shutdown` waits for the loop to see it
         self._thread = threading.Thread(
-            # a short poll: `shutdown` waits for the loop to see it
             target=self._server.serve_forever, args=(0.005,), daemon=True
         )
 
@@ -261,6 +262,7 @@ def serve_like_b2(mirror: FakeHost, name: str, data: bytes, large: bool) -> Reso
     return res
 
 
+@functools.lru_cache(maxsize=8)  # bytes: the tests share them read-only
 def fake_tokenizer_json(vocab_size: int, salt: str = "") -> bytes:
     """A tokenizer.json with `vocab_size` BPE entries followed by Qwen3's 26
     added tokens: passes the download's content check when the expected
@@ -286,6 +288,11 @@ def fake_tokenizer_json(vocab_size: int, salt: str = "") -> bytes:
 
 def fake_checkpoint(cfg: dict, seed: int = 0) -> bytes:
     """The bytes of a `torch.save`d random state dict of `Qwen3Model(cfg)`."""
+    return _fake_checkpoint(tuple(sorted(cfg.items())), seed)
+
+
+@functools.lru_cache(maxsize=8)
+def _fake_checkpoint(cfg_items: tuple, seed: int) -> bytes:
     import io
 
     import torch
@@ -293,5 +300,5 @@ def fake_checkpoint(cfg: dict, seed: int = 0) -> bytes:
 
     torch.manual_seed(seed)
     buf = io.BytesIO()
-    torch.save(Qwen3Model(cfg).state_dict(), buf)
+    torch.save(Qwen3Model(dict(cfg_items)).state_dict(), buf)
     return buf.getvalue()
