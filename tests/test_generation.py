@@ -10,7 +10,7 @@ import torch
 from reasoning_from_scratch import ch02 as book
 from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model
 
-from tests.tiny import tiny_config
+from tests.tiny import book_model, tiny_config
 from utils import device
 from utils.generation import (
     generate_stats,
@@ -143,9 +143,8 @@ def test_process_memory_peak_on_windows_and_without_resource(monkeypatch):
 
 @pytest.fixture(scope="module")
 def standin_06b() -> Qwen3Model:
-    model = Qwen3Model(QWEN_CONFIG_06_B)
-    model.load_state_dict(standin_state_dict(QWEN_CONFIG_06_B, seed=20250601))
-    return model.eval()
+    sd = standin_state_dict(QWEN_CONFIG_06_B, seed=20250601)
+    return book_model(sd, QWEN_CONFIG_06_B)  # no random init to overwrite
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import platform
 import pytest
 import torch
 from reasoning_from_scratch.ch02 import generate_text_basic_stream_cache as book_gen
-from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, KVCache, Qwen3Model
+from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, KVCache
 from torch.overrides import TorchFunctionMode
 
 import utils.fast.steps as steps_mod
@@ -252,9 +252,7 @@ def test_06b_bf16_standin_tokens_and_logits_match_book(tmp_path, exact_calls, mk
         pytest.skip("oneDNN takes no bf16 product on this CPU: the as-is run")
     path = write_standin_weights(tmp_path / "x.pth")
     sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    book = Qwen3Model(QWEN_CONFIG_06_B)
-    book.load_state_dict(sd)
-    del sd
+    book = book_model(sd, QWEN_CONFIG_06_B)  # no random init to overwrite
     fast = FastQwen3.from_book_model(book)
     prompt = torch.tensor([[9707, 11, 1246, 525, 498, 30]])  # any 6 token ids
     with torch.backends.mkldnn.flags(enabled=mkldnn):
