@@ -13,6 +13,32 @@ Environment variables only the tests read (the README lists the others):
 import pytest
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_tls_context():
+    """One TLS context for every HTTP client of the session. huggingface_hub
+    makes a client per download, and each loads the system's CA bundle
+    (tens of ms); the tests speak plain HTTP to loopback hosts, so sharing
+    one context changes nothing they check, only their time."""
+    import functools
+
+    try:
+        from httpx2._transports import default
+    except ImportError:  # another HTTP stack: nothing to share
+        yield
+        return
+    original = default.create_ssl_context
+    made = functools.lru_cache(maxsize=2)(original)
+
+    def shared(verify=True, cert=None, trust_env=True):
+        if verify is True and cert is None:
+            return made(True, None, trust_env)
+        return original(verify, cert, trust_env)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(default, "create_ssl_context", shared)
+        yield
+
+
 @pytest.fixture
 def tiny_cfg():
     """The tiny float32 Qwen3 config of `tests.tiny` (GQA and qk-norm on)."""
