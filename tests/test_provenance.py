@@ -141,6 +141,20 @@ def test_tokenizer_check(tmp_path, monkeypatch):
         check_tokenizer(path)
 
 
+def test_a_tokenizer_that_passed_is_checked_again_against_other_expectations(
+    tmp_path, monkeypatch
+):
+    """Content that passed once passes again from memory, but only under the
+    same expectations: the same bytes fail where Qwen3's size is expected."""
+    path = tmp_path / "t.json"
+    path.write_bytes(fake_tokenizer_json(500))
+    with monkeypatch.context() as mp:
+        mp.setattr(provenance, "TOKENIZER_VOCAB", 500)
+        assert check_tokenizer(path) == check_tokenizer(path) == "500 + 26 added tokens"
+    with pytest.raises(IntegrityError, match="vocabulary has 500 entries"):
+        check_tokenizer(path)
+
+
 def test_record_round_trip_and_a_changed_file(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(provenance, "TOKENIZER_VOCAB", 500)
     path = tmp_path / "tokenizer-base.json"

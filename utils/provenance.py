@@ -162,8 +162,20 @@ def check_checkpoint(
 
 def check_tokenizer(path: str | os.PathLike) -> str:
     """Raise `IntegrityError` unless `path` is a tokenizer JSON with the Qwen3
-    vocabulary size and the 26 added tokens at their ids."""
+    vocabulary size and the 26 added tokens at their ids. Content that passed
+    once in this process passes again without a second parse (an import or a
+    download checks the same bytes more than once; parsing is the slow part)."""
     raw = Path(path).read_bytes()
+    key = (hashlib.sha256(raw).hexdigest(), TOKENIZER_VOCAB, tuple(ADDED_TOKENS))
+    if key not in _TOKENIZERS_PASSED:
+        _TOKENIZERS_PASSED[key] = _parse_tokenizer(raw)
+    return _TOKENIZERS_PASSED[key]
+
+
+_TOKENIZERS_PASSED: dict[tuple, str] = {}  # (sha256, vocab, added) -> summary
+
+
+def _parse_tokenizer(raw: bytes) -> str:
     try:
         data = json.loads(raw.decode("utf-8"))
     except RecursionError:
