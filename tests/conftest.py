@@ -16,8 +16,8 @@ import pytest
 @pytest.fixture(autouse=True, scope="session")
 def _one_tls_context():
     """One TLS context for every HTTP client of the session. huggingface_hub
-    makes a client per download, and each loads the system's CA bundle
-    (tens of ms); the tests speak plain HTTP to loopback hosts, so sharing
+    makes a client per download, and each loads the system's CA bundle from
+    disk; the tests speak plain HTTP to loopback hosts, so sharing
     one context changes nothing they check, only their time."""
     import functools
 
