@@ -91,10 +91,13 @@ def load_tokenizer(path: Path, **kwargs) -> Qwen3Tokenizer:
     settings: parsing its 6 MB of JSON is the slow part, and no test changes
     a tokenizer it is given."""
     st = Path(path).stat()
-    key = (str(path), st.st_size, st.st_mtime_ns, tuple(sorted(kwargs.items())))
-    return _load_tokenizer(key)
+    settings = tuple(sorted(kwargs.items()))
+    return _load_tokenizer(str(path), st.st_size, st.st_mtime_ns, settings)
 
 
 @functools.lru_cache(maxsize=16)
-def _load_tokenizer(key: tuple) -> Qwen3Tokenizer:
-    return Qwen3Tokenizer(key[0], **dict(key[3]))
+def _load_tokenizer(
+    path: str, size: int, mtime_ns: int, settings: tuple
+) -> Qwen3Tokenizer:
+    """Size and time only key the cache: a rewritten file loads afresh."""
+    return Qwen3Tokenizer(path, **dict(settings))
