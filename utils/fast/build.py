@@ -2,8 +2,11 @@
 
 ctypes and the system C compiler, not a torch extension: plain C builds in
 seconds with any gcc or clang, no C++ toolchain matching PyTorch's.
-Where it cannot run (no x86-64 with AVX2, Windows, no compiler) torch's
-matmul is used; a compiler without OpenMP builds a single-threaded library.
+It builds for x86-64 with AVX2 (and FMA) and for AArch64 (NEON: Linux,
+and macOS, which was not executed here); elsewhere (Windows, another CPU,
+no compiler) torch's matmul is used. A compiler without OpenMP builds a
+single-threaded library; Apple's clang, which has none of its own, tries
+the OpenMP runtime PyTorch ships first.
 
 Entry points and types are read from the C prototypes (`csrc/api.h`). The
 library is cached under a hash of the sources, compiler and flags, loaded
@@ -38,8 +41,10 @@ from utils.log import get_logger
 
 CSRC = Path(__file__).with_name("csrc")
 TEST_CSRC = Path(__file__).parents[2] / "tests" / "fast" / "csrc"
-_FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fvisibility=hidden",
-          "-shared", "-fPIC"]  # fmt: skip
+# -ffp-contract=off: no multiply and add fused unless the code says so
+# (gcc fuses by default on AArch64), so every machine rounds alike
+_FLAGS = ["-O3", "-ffp-contract=off", "-fvisibility=hidden", "-shared", "-fPIC"]
+_ISA_FLAGS = {"x86_64": ["-mavx2", "-mfma"], "aarch64": []}
 _OPENMP = "-fopenmp"
 _log = get_logger(__name__)
 
@@ -116,15 +121,34 @@ def _compiler_id(compiler: str) -> str:
     return f"{compiler} {version[0]}"
 
 
+def machine() -> str:
+    """This CPU's architecture as the build knows it: "x86_64", "aarch64"
+    (macOS says arm64), or what platform.machine() says."""
+    name = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(name, name)
+
+
 def unsupported_reason() -> str | None:
     """Why the library cannot run on this machine (None: it can)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"needs an x86-64 CPU (this is {platform.machine()})"
+    if machine() not in _ISA_FLAGS:
+        return f"needs an x86-64 or AArch64 CPU (this is {platform.machine()})"
     if platform.system() == "Windows":
         return "building the kernel with MSVC is not supported"
-    if not torch.cpu._is_avx2_supported():  # cpuinfo, not ATEN_CPU_CAPABILITY
-        return "needs a CPU with AVX2"
+    if machine() == "x86_64" and not torch.cpu._is_avx2_supported():
+        return "needs a CPU with AVX2"  # cpuinfo, not ATEN_CPU_CAPABILITY
     return None
+
+
+def openmp_flags() -> list[list[str]]:
+    """The ways to ask for OpenMP, in order: -fopenmp; on macOS first
+    PyTorch's own libomp (Apple's clang has no OpenMP runtime). The last
+    way is none: a single-threaded library."""
+    ways = [[_OPENMP]]
+    torch_lib = Path(torch.__file__).parent / "lib"
+    if platform.system() == "Darwin" and (torch_lib / "libomp.dylib").exists():
+        ways.insert(0, ["-Xclang", _OPENMP, f"-L{torch_lib}", "-lomp",
+                        f"-Wl,-rpath,{torch_lib}"])  # fmt: skip
+    return [*ways, []]
 
 
 def check_private_dir(path: Path) -> None:
@@ -259,7 +283,8 @@ def build_and_load(cache_dir: Path, testing: bool = False) -> Library:
                         for p in _sources(testing))  # fmt: skip
     name = "qwen3_kernels_test" if testing else "qwen3_kernels"
     error: Exception | None = None
-    for flags in ([*_FLAGS, _OPENMP], _FLAGS):
+    for omp in openmp_flags():
+        flags = [*_FLAGS, *_ISA_FLAGS[machine()], *omp]
         key = hashlib.sha256(b"\0".join([source, ident, " ".join(flags).encode()]))
         target = cache_dir / f"{name}_{key.hexdigest()[:16]}.so"
         try:
@@ -267,7 +292,7 @@ def build_and_load(cache_dir: Path, testing: bool = False) -> Library:
         except RuntimeError as exc:
             error = error or exc
             continue
-        if _OPENMP not in flags:
+        if not omp:
             _log.warning(
                 "%s rejected %s (%s); the kernels run on one thread",
                 Path(compiler).name, _OPENMP, error,

@@ -1,6 +1,6 @@
 /* The first, plain forms of the decode step's attention, RoPE, argmax and
    int8 input quantisation (test build only): the vectorised forms in
-   utils/fast/csrc (step_ops.c, kernels_avx2.c's quantize_x) must give
+   utils/fast/csrc (step_ops.c, kernels_v8.c's quantize_x) must give
    exactly these bits, and the tests compare the two through testing.c. */
 
 #include <stdlib.h>
@@ -31,19 +31,15 @@ void attend_head_reference(const float *q, const uint16_t *kc,
     float sum = 0.0f;
     long j = 0;
     for (; j + 8 <= len; j += 8) {
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(w + j),
-                                            _mm256_set1_ps(mx)));
-        _mm256_storeu_ps(w + j, e);
+        f8_store(w + j, exp8(f8_sub(f8_load(w + j), f8_set1(mx))));
     }
     for (; j < len; ++j) w[j] = expf(w[j] - mx);
     for (j = 0; j < len; ++j) sum += w[j];
     for (j = 0; j < len; ++j) w[j] = rb(w[j] / sum);
     for (long i = 0; i < d; i += 8) {
-        __m256 a = _mm256_setzero_ps();
-        for (long s = 0; s < len; ++s)
-            a = _mm256_fmadd_ps(_mm256_set1_ps(w[s]),
-                                bf16x8_natural(vc + s * d + i), a);
-        _mm256_storeu_ps(out + i, rb8(a));
+        f8 a = f8_zero();
+        for (long s = 0; s < len; ++s) a = f8_fma(f8_set1(w[s]), bf16x8(vc + s * d + i), a);
+        f8_store(out + i, rb8(a));
     }
 }
 
@@ -71,7 +67,7 @@ int quantize_x_reference(const float *x, long k, int16_t *qx) {
     const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
     const float xs = amax / 32767.0f;
     for (long i = 0; i < k; ++i) { /* round to nearest even */
-        int v = _mm_cvtss_si32(_mm_set_ss(x[i] * inv));
+        const long v = lrintf(x[i] * inv);
         qx[i] = (int16_t)(v > 32767 ? 32767 : v < -32767 ? -32767 : v);
     }
     memcpy(qx + k, &xs, 4);

@@ -74,8 +74,8 @@ int qwen3_test_quantize(int reference, const float *x, long k, int16_t *qx) {
 int qwen3_test_vector_op(int op, const float *x, float *y, long n) {
     if (n % 8 || op < 0 || op > 1) return 1;
     for (long i = 0; i < n; i += 8) {
-        const __m256 v = _mm256_loadu_ps(x + i);
-        _mm256_storeu_ps(y + i, op ? exp8(v) : rb8(v));
+        const f8 v = f8_load(x + i);
+        f8_store(y + i, op ? exp8(v) : rb8(v));
     }
     return 0;
 }

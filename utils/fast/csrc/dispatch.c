@@ -1,16 +1,21 @@
 /* What the CPU runs, the kernel table, and the product entry point.
 
-   Kernels are chosen at run time, never from compile-time guesses: cpuid
-   says which instructions the CPU has, xgetbv whether the OS saves their
-   registers, and a kernel whose instructions are missing is refused here
-   (an error code, never an illegal instruction). Which kernel of a class
+   Kernels are chosen at run time, never from compile-time guesses: on
+   x86-64 cpuid says which instructions the CPU has and xgetbv whether the
+   OS saves their registers; on AArch64 the OS says (Linux: HWCAP, macOS:
+   sysctl). A kernel whose instructions are missing is refused here (an
+   error code, never an illegal instruction). Which kernel of a class
    runs is a rule of utils/fast/dispatch.py, read off these features. */
 
-#include <cpuid.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "team.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+
+#define FEATURE_NAMES "avx2,avx512,avx512_bf16,avx512_vnni" /* "avx512": F, BW, DQ, VL */
 
 static int detect_features(void) {
     unsigned a, b, c, d, xcr0, xcr0_hi;
@@ -23,11 +28,11 @@ static int detect_features(void) {
     __cpuid_count(7, 0, a, b, c, d);
     const unsigned subleaves = a;
     int f = 0;
-    if (fma && ((b >> 5) & 1)) f |= CPU_AVX2;
+    if (fma && ((b >> 5) & 1)) f |= CPU_BASE;
     /* AVX512 F (bit 16), DQ (17), BW (30), VL (31); the OS saves the
        opmask and zmm registers (XCR0 bits 5-7) */
     const unsigned fdbv = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31);
-    if (!(f & CPU_AVX2) || (b & fdbv) != fdbv || (xcr0 & 0xe6) != 0xe6) return f;
+    if (!(f & CPU_BASE) || (b & fdbv) != fdbv || (xcr0 & 0xe6) != 0xe6) return f;
     f |= CPU_AVX512;
     if ((c >> 11) & 1) f |= CPU_AVX512_VNNI;
     if (subleaves >= 1) {
@@ -36,6 +41,35 @@ static int detect_features(void) {
     }
     return f;
 }
+
+#else /* AArch64: NEON (asimd) is in every such CPU; the others are named
+         for rules to come (bits 2-8 mean these here, not AVX-512) */
+#define FEATURE_NAMES "asimd,asimddp,bf16,i8mm"
+#if defined(__APPLE__)
+#include <sys/sysctl.h>
+
+static int has(const char *name) {
+    int v = 0;
+    size_t size = sizeof v;
+    return sysctlbyname(name, &v, &size, NULL, 0) == 0 && v;
+}
+
+static int detect_features(void) {
+    return CPU_BASE | (has("hw.optional.arm.FEAT_DotProd") ? 2 : 0)
+           | (has("hw.optional.arm.FEAT_BF16") ? 4 : 0)
+           | (has("hw.optional.arm.FEAT_I8MM") ? 8 : 0);
+}
+#else
+#include <sys/auxv.h>
+
+static int detect_features(void) {
+    const unsigned long h = getauxval(AT_HWCAP), h2 = getauxval(AT_HWCAP2);
+    /* HWCAP_ASIMD, HWCAP_ASIMDDP; HWCAP2_BF16, HWCAP2_I8MM */
+    return ((h >> 1) & 1 ? CPU_BASE : 0) | ((h >> 20) & 1 ? 2 : 0)
+           | ((h2 >> 14) & 1 ? 4 : 0) | ((h2 >> 13) & 1 ? 8 : 0);
+}
+#endif
+#endif
 
 #ifdef QWEN3_TESTING
 int test_cpu_limit = -1; /* tests/fast/csrc/testing.c may lower it */
@@ -49,19 +83,19 @@ int cpu_features(void) {
     return detected & test_cpu_limit;
 }
 
-/* Per class its AVX2 kernel first: the reference of the class and what
-   runs wherever nothing else applies */
+/* Per class its kernels_v8.c kernel first: the reference of the class and
+   what runs wherever nothing else applies */
 static const kernel KERNELS[] = {
-    {"bf16_exact_avx2", {rows_bf16_exact, 4}, NULL, CLASS_EXACT, CPU_AVX2, 64},
+    {"bf16_exact_" VEC8_ISA, {rows_bf16_exact, 4}, NULL, CLASS_EXACT, CPU_BASE, 64},
 #ifdef QWEN3_AVX512
     {"bf16_exact_avx512_xb", {rows_exact_512_xb, 1}, x_to_bf16, CLASS_EXACT,
-     CPU_AVX2 | CPU_AVX512, 64},
+     CPU_BASE | CPU_AVX512, 64},
 #endif
-    {"bf16_fast_avx2", {rows_bf16, 4}, permute16, CLASS_FAST, CPU_AVX2, 16},
-    {"int8_avx2", {rows_i8q, 4}, NULL, CLASS_INT8, CPU_AVX2, 16},
+    {"bf16_fast_" VEC8_ISA, {rows_bf16, 4}, permute16, CLASS_FAST, CPU_BASE, 16},
+    {"int8_" VEC8_ISA, {rows_i8q, 4}, NULL, CLASS_INT8, CPU_BASE, 16},
 #ifdef QWEN3_AVX512
     {"int8_avx512vnni_s2", {rows_i8q_vnni_s2, 2}, NULL, CLASS_INT8,
-     CPU_AVX2 | CPU_AVX512 | CPU_AVX512_VNNI, 64},
+     CPU_BASE | CPU_AVX512 | CPU_AVX512_VNNI, 64},
 #endif
 };
 #define N_KERNELS ((int)(sizeof KERNELS / sizeof KERNELS[0]))
@@ -84,7 +118,7 @@ const kernel *kernel_for(int i, int cls, int *why) {
 static const kernel *first_of(int cls) {
     for (int i = 0; i < N_KERNELS; ++i)
         if (KERNELS[i].cls == cls) return &KERNELS[i];
-    return NULL; /* not reached: every class has its AVX2 kernel */
+    return NULL; /* not reached: every class has its kernels_v8.c kernel */
 }
 
 const kernel *kernel_fitting(const kernel *v, long k) {
@@ -103,7 +137,7 @@ int qwen3_abi(void) {
 }
 
 const char *qwen3_cpu_feature_names(void) {
-    return "avx2,avx512,avx512_bf16,avx512_vnni"; /* "avx512": F, BW, DQ, VL */
+    return FEATURE_NAMES;
 }
 
 int qwen3_cpu_features(void) { return cpu_features(); }

@@ -1,10 +1,11 @@
 /* The matrix-vector row kernels and their table (dispatch.c).
 
    A row kernel computes rows of y = w x for one matrix. Kernels come in
-   three classes; every kernel of a class computes what its first (AVX2)
-   kernel does: bit for bit for "exact" (ATen's summation order) and
-   "int8", within float32's error bound for "fast". Which kernel of a
-   class runs is chosen by CPU features (utils/fast/dispatch.py). */
+   three classes; every kernel of a class computes what its first kernel
+   (kernels_v8.c: AVX2 or NEON) does: bit for bit for "exact" (ATen's
+   summation order) and "int8", within float32's error bound for "fast".
+   Which kernel of a class runs is chosen by CPU features
+   (utils/fast/dispatch.py). */
 #ifndef QWEN3_KERNELS_H
 #define QWEN3_KERNELS_H
 
@@ -53,7 +54,7 @@ typedef struct {
     void name(const float *x, const void *w, const float *s, void *y,     \
               int y_f32, long lo, long hi, long k, long j0, long j1)
 
-/* AVX2 (kernels_avx2.c): bf16 fast order (x from permute16), bf16 in
+/* The first kernels (kernels_v8.c; AVX2 or NEON): bf16 fast order (x from permute16), bf16 in
    ATen's order, int8 times x in 16-bit fixed point (x from quantize_x),
    int8 times float32 x (for an x holding inf or NaN) */
 ROW_KERNEL(rows_bf16);
@@ -76,15 +77,18 @@ ROW_KERNEL(rows_i8q_vnni_s2);
 void x_to_bf16(const float *xn, long k, float *xp);
 /* Whether x holds a value bf16 cannot represent (then x_to_bf16 rounds) */
 int needs_float_x(const float *xn, long k);
-/* Whether the compiler built the AVX-512 kernels (gcc >= 10, clang >= 9) */
-#if defined(__clang__) ? __clang_major__ >= 9 : __GNUC__ >= 10
+/* Whether the compiler built the AVX-512 kernels (x86-64; gcc >= 10,
+   clang >= 9) */
+#if defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 9 : __GNUC__ >= 10)
 #define QWEN3_AVX512 1
 #endif
 
 /* ---- the table (dispatch.c) ------------------------------------------ */
 
-/* Instruction sets a kernel may need (bits of cpu_features()) */
-enum { CPU_AVX2 = 1, CPU_AVX512 = 2, CPU_AVX512_BF16 = 4, CPU_AVX512_VNNI = 8 };
+/* Instruction sets a kernel may need (bits of cpu_features(); names in
+   dispatch.c). CPU_BASE is what the first kernels need: AVX2 with FMA,
+   or NEON (every AArch64 CPU). */
+enum { CPU_BASE = 1, CPU_AVX512 = 2, CPU_AVX512_BF16 = 4, CPU_AVX512_VNNI = 8 };
 enum { CLASS_EXACT, CLASS_FAST, CLASS_INT8, CLASS_COUNT };
 
 /* x for a row kernel from float32 x (k values; xp: k floats + 16) */

@@ -152,13 +152,13 @@ T512VNNI void rows_i8q_vnni_s2(const float *qxv, const void *wv,
         vnni_rows(qx, r, 2, k, f);
         for (int q = 0; q < 2; ++q) {
             const long n = lo + q * per + j;
-            store(y, y_f32, n, hsum(f[q]) * xs * scale[n]);
+            store(y, y_f32, n, f8_hsum(f[q]) * xs * scale[n]);
         }
     }
     LEFTOVER_ROWS(n, j0, j1, per, lo, 2) {
         const int8_t *r[1] = {w + n * k};
         vnni_rows(qx, r, 1, k, f);
-        store(y, y_f32, n, hsum(f[0]) * xs * scale[n]);
+        store(y, y_f32, n, f8_hsum(f[0]) * xs * scale[n]);
     }
 }
 

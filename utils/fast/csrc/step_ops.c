@@ -11,72 +11,61 @@
 
 #include "step_ops.h"
 
-/* The sum of squares in double (each square exact): four 4-lane sums,
-   block b of 8 values into pair b % 2, so four chains of adds overlap
-   where one sequential sum would wait on each add; then
-   (s00 + s10) + (s01 + s11) and its lanes as
-   (l0 + l2) + (l1 + l3). */
+/* The sum of squares in double (each square exact): blocks of 8 values
+   into two sets of eight lane sums, block b into set b % 2, so that
+   independent chains of adds overlap; then lane l of
+   (s0 + s1) added to lane l + 4 (l < 4), and those four as
+   (v0 + v2) + (v1 + v3). */
 static double sum_squares(const float *x, long n) {
-    __m256d s[2][2] = {{_mm256_setzero_pd(), _mm256_setzero_pd()},
-                       {_mm256_setzero_pd(), _mm256_setzero_pd()}};
+    double s[2][8] = {{0}};
     for (long i = 0; i < n; i += 8) {
-        const int b = (int)(i / 8 % 2);
-        const __m256d lo = _mm256_cvtps_pd(_mm_loadu_ps(x + i));
-        const __m256d hi = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
-        s[b][0] = _mm256_add_pd(s[b][0], _mm256_mul_pd(lo, lo));
-        s[b][1] = _mm256_add_pd(s[b][1], _mm256_mul_pd(hi, hi));
+        double *t = s[i / 8 % 2];
+        for (int l = 0; l < 8; ++l) t[l] += (double)x[i + l] * (double)x[i + l];
     }
-    const __m256d v = _mm256_add_pd(_mm256_add_pd(s[0][0], s[1][0]),
-                                    _mm256_add_pd(s[0][1], s[1][1]));
-    double l[4];
-    _mm256_storeu_pd(l, v);
-    return (l[0] + l[2]) + (l[1] + l[3]);
+    double v[4];
+    for (int l = 0; l < 4; ++l)
+        v[l] = (s[0][l] + s[1][l]) + (s[0][l + 4] + s[1][l + 4]);
+    return (v[0] + v[2]) + (v[1] + v[3]);
 }
 
 void rmsnorm(const float *x, long n, const float *scale,
              float eps, float *out) {
     const double ss = sum_squares(x, n);
     const float r = 1.0f / sqrtf((float)(ss / (double)n) + eps);
-    const __m256 rv = _mm256_set1_ps(r);
+    const f8 rv = f8_set1(r);
     for (long i = 0; i < n; i += 8)  /* (x * r) * scale, as in torch */
-        _mm256_storeu_ps(out + i, rb8(_mm256_mul_ps(
-            _mm256_mul_ps(_mm256_loadu_ps(x + i), rv), _mm256_loadu_ps(scale + i))));
+        f8_store(out + i, rb8(f8_mul(f8_mul(f8_load(x + i), rv), f8_load(scale + i))));
 }
 
 /* RoPE per 8 lanes: t*cos + rot*sin, two rounded products and one add */
 void norm_rope(const uint16_t *h, long d, const float *scale,
                float eps, const float *cos, const float *sin,
                float *t, float *out) {
-    for (long i = 0; i < d; i += 8) _mm256_storeu_ps(t + i, bf16x8_natural(h + i));
+    for (long i = 0; i < d; i += 8) f8_store(t + i, bf16x8(h + i));
     if (scale) rmsnorm(t, d, scale, eps, t);
     const long half = d / 2;
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     for (long i = 0; i < d; i += 8) {
-        const __m256 rot = i < half
-            ? _mm256_xor_ps(_mm256_loadu_ps(t + i + half), sign)
-            : _mm256_loadu_ps(t + i - half);
-        const __m256 a = _mm256_mul_ps(_mm256_loadu_ps(t + i), _mm256_loadu_ps(cos + i));
-        const __m256 b = _mm256_mul_ps(rot, _mm256_loadu_ps(sin + i));
-        _mm256_storeu_ps(out + i, rb8(_mm256_add_ps(a, b)));
+        const f8 rot = i < half ? f8_neg(f8_load(t + i + half)) : f8_load(t + i - half);
+        const f8 a = f8_mul(f8_load(t + i), f8_load(cos + i));
+        const f8 b = f8_mul(rot, f8_load(sin + i));
+        f8_store(out + i, rb8(f8_add(a, b)));
     }
 }
 
 /* softmax of one head's scores in place: the maximum, exp8 per 8 (expf
    for the rest), the sum in slot order, then each divided and rounded
-   (divps and rb8 give divss's and rb's bits) */
+   (f8_div and rb8 give scalar division's and rb's bits) */
 static void softmax(float *w, long len) {
     float mx = -INFINITY;
     long j;
     for (j = 0; j < len; ++j) mx = w[j] > mx ? w[j] : mx;
     for (j = 0; j + 8 <= len; j += 8)
-        _mm256_storeu_ps(w + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(w + j),
-                                                   _mm256_set1_ps(mx))));
+        f8_store(w + j, exp8(f8_sub(f8_load(w + j), f8_set1(mx))));
     for (; j < len; ++j) w[j] = expf(w[j] - mx);
     float sum = 0.0f;
     for (j = 0; j < len; ++j) sum += w[j];
-    const __m256 sv = _mm256_set1_ps(sum);
-    for (j = 0; j + 8 <= len; j += 8)
-        _mm256_storeu_ps(w + j, rb8(_mm256_div_ps(_mm256_loadu_ps(w + j), sv)));
+    const f8 sv = f8_set1(sum);
+    for (j = 0; j + 8 <= len; j += 8) f8_store(w + j, rb8(f8_div(f8_load(w + j), sv)));
     for (; j < len; ++j) w[j] = rb(w[j] / sum);
 }
 
@@ -88,27 +77,27 @@ static void attend_head(const float *q, const uint16_t *kc, const uint16_t *vc,
     const float inv = 1.0f / (float)sqrt((double)d);
     long j = 0;
     for (; j + 4 <= len; j += 4) {
-        __m256 a[4];
-        for (int u = 0; u < 4; ++u) a[u] = _mm256_setzero_ps();
+        f8 a[4];
+        for (int u = 0; u < 4; ++u) a[u] = f8_zero();
         for (long i = 0; i < d; i += 8) {
-            const __m256 qv = _mm256_loadu_ps(q + i);
+            const f8 qv = f8_load(q + i);
             for (int u = 0; u < 4; ++u)
-                a[u] = _mm256_fmadd_ps(qv, bf16x8_natural(kc + (j + u) * d + i), a[u]);
+                a[u] = f8_fma(qv, bf16x8(kc + (j + u) * d + i), a[u]);
         }
-        for (int u = 0; u < 4; ++u) w[j + u] = rb(rb(hsum(a[u])) * inv);
+        for (int u = 0; u < 4; ++u) w[j + u] = rb(rb(f8_hsum(a[u])) * inv);
     }
     for (; j < len; ++j) w[j] = rb(rb(dot_bf16(q, kc + j * d, d)) * inv);
     softmax(w, len);
     for (long i0 = 0; i0 < d; i0 += 64) {
         const int nb = (int)((d - i0) / 8 < 8 ? (d - i0) / 8 : 8);
-        __m256 a[8];
-        for (int b = 0; b < nb; ++b) a[b] = _mm256_setzero_ps();
+        f8 a[8];
+        for (int b = 0; b < nb; ++b) a[b] = f8_zero();
         for (j = 0; j < len; ++j) {
-            const __m256 wj = _mm256_set1_ps(w[j]);
+            const f8 wj = f8_set1(w[j]);
             for (int b = 0; b < nb; ++b)
-                a[b] = _mm256_fmadd_ps(wj, bf16x8_natural(vc + j * d + i0 + 8 * b), a[b]);
+                a[b] = f8_fma(wj, bf16x8(vc + j * d + i0 + 8 * b), a[b]);
         }
-        for (int b = 0; b < nb; ++b) _mm256_storeu_ps(out + i0 + 8 * b, rb8(a[b]));
+        for (int b = 0; b < nb; ++b) f8_store(out + i0 + 8 * b, rb8(a[b]));
     }
 }
 
@@ -133,27 +122,27 @@ static void pair_scores(const float *q, const uint16_t *kc, long len, long d,
     for (; j + 4 <= len; j += 4) {
         for (long b = 0; b < 4 * d * 2; b += 64) {
             if (nx.kc) {
-                _mm_prefetch((const char *)(nx.kc + j * d) + b, _MM_HINT_T1);
-                _mm_prefetch((const char *)(nx.vc + j * d) + b, _MM_HINT_T1);
+                prefetch((const char *)(nx.kc + j * d) + b, 1);
+                prefetch((const char *)(nx.vc + j * d) + b, 1);
                 continue;
             }
             if (j + ahead + 4 <= len)
-                _mm_prefetch((const char *)(kc + (j + ahead) * d) + b, _MM_HINT_T0);
-            _mm_prefetch((const char *)(vc + j * d) + b, _MM_HINT_T1);
+                prefetch((const char *)(kc + (j + ahead) * d) + b, 0);
+            prefetch((const char *)(vc + j * d) + b, 1);
         }
-        __m256 a[2][4];
+        f8 a[2][4];
         for (int h = 0; h < 2; ++h)
-            for (int u = 0; u < 4; ++u) a[h][u] = _mm256_setzero_ps();
+            for (int u = 0; u < 4; ++u) a[h][u] = f8_zero();
         for (long i = 0; i < d; i += 8) {
-            const __m256 q0 = _mm256_loadu_ps(q + i), q1 = _mm256_loadu_ps(q + d + i);
+            const f8 q0 = f8_load(q + i), q1 = f8_load(q + d + i);
             for (int u = 0; u < 4; ++u) {
-                const __m256 kv = bf16x8_natural(kc + (j + u) * d + i);
-                a[0][u] = _mm256_fmadd_ps(q0, kv, a[0][u]);
-                a[1][u] = _mm256_fmadd_ps(q1, kv, a[1][u]);
+                const f8 kv = bf16x8(kc + (j + u) * d + i);
+                a[0][u] = f8_fma(q0, kv, a[0][u]);
+                a[1][u] = f8_fma(q1, kv, a[1][u]);
             }
         }
         for (int h = 0; h < 2; ++h)
-            for (int u = 0; u < 4; ++u) w[h * len + j + u] = rb(rb(hsum(a[h][u])) * inv);
+            for (int u = 0; u < 4; ++u) w[h * len + j + u] = rb(rb(f8_hsum(a[h][u])) * inv);
     }
     for (; j < len; ++j)
         for (int h = 0; h < 2; ++h)
@@ -165,10 +154,12 @@ static void pair_scores(const float *q, const uint16_t *kc, long len, long d,
    DRAM, and a plain load loop keeps many misses in flight where the
    attention loops, and software prefetches of the same lines, did not. */
 static void warm_lines(const uint16_t *p, long n) {
-    __m256i acc = _mm256_setzero_si256();
-    for (long i = 0; i < n; i += 32)
-        acc = _mm256_or_si256(acc, _mm256_loadu_si256((const __m256i *)(p + i)));
-    __asm__ volatile("" : : "x"(acc));
+    uint64_t acc = 0, word;
+    for (long i = 0; i < n; i += 32) {
+        memcpy(&word, p + i, 8);
+        acc |= word;
+    }
+    __asm__ volatile("" : : "r"(acc));
 }
 
 /* The group's keys and values are loaded ahead up to this size (both
@@ -185,23 +176,21 @@ static void warm_lines(const uint16_t *p, long n) {
    heads (out: 2*d floats; rounded to bf16 after the last slot) */
 static void pair_values(const float *w, long len, const uint16_t *vc, long d,
                         long i0, long j0, long j1, float *out) {
-    __m256 a[2][4];
+    f8 a[2][4];
     for (int h = 0; h < 2; ++h)
         for (int b = 0; b < 4; ++b)
-            a[h][b] = j0 ? _mm256_loadu_ps(out + h * d + i0 + 8 * b)
-                         : _mm256_setzero_ps();
+            a[h][b] = j0 ? f8_load(out + h * d + i0 + 8 * b) : f8_zero();
     for (long j = j0; j < j1; ++j) {
-        const __m256 w0 = _mm256_set1_ps(w[j]), w1 = _mm256_set1_ps(w[len + j]);
+        const f8 w0 = f8_set1(w[j]), w1 = f8_set1(w[len + j]);
         for (int b = 0; b < 4; ++b) {
-            const __m256 v = bf16x8_natural(vc + j * d + i0 + 8 * b);
-            a[0][b] = _mm256_fmadd_ps(w0, v, a[0][b]);
-            a[1][b] = _mm256_fmadd_ps(w1, v, a[1][b]);
+            const f8 v = bf16x8(vc + j * d + i0 + 8 * b);
+            a[0][b] = f8_fma(w0, v, a[0][b]);
+            a[1][b] = f8_fma(w1, v, a[1][b]);
         }
     }
     for (int h = 0; h < 2; ++h)
         for (int b = 0; b < 4; ++b)
-            _mm256_storeu_ps(out + h * d + i0 + 8 * b,
-                             j1 == len ? rb8(a[h][b]) : a[h][b]);
+            f8_store(out + h * d + i0 + 8 * b, j1 == len ? rb8(a[h][b]) : a[h][b]);
 }
 
 /* Two query heads of one kv group (d % 32 == 0): shared scores, then each
@@ -246,43 +235,41 @@ void attend_group(const float *q, const uint16_t *kc,
 
 void swiglu(const uint16_t *gate, const uint16_t *up, long i0,
             long n, float *out) {
-    const __m256 one = _mm256_set1_ps(1.0f);
+    const f8 one = f8_set1(1.0f);
     for (long i = i0; i < n; i += 8) {
-        const __m256 g = bf16x8_natural(gate + i);
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-        const __m256 act = rb8(_mm256_div_ps(g, _mm256_add_ps(one, e)));
-        _mm256_storeu_ps(out + i, rb8(_mm256_mul_ps(act, bf16x8_natural(up + i))));
+        const f8 g = bf16x8(gate + i);
+        const f8 e = exp8(f8_sub(f8_zero(), g));
+        const f8 act = rb8(f8_div(g, f8_add(one, e)));
+        f8_store(out + i, rb8(f8_mul(act, bf16x8(up + i))));
     }
 }
 
 void add_residual(float *x, const uint16_t *y, long n) {
     for (long i = 0; i < n; i += 8)
-        _mm256_storeu_ps(x + i, rb8(_mm256_add_ps(_mm256_loadu_ps(x + i),
-                                                  bf16x8_natural(y + i))));
+        f8_store(x + i, rb8(f8_add(f8_load(x + i), bf16x8(y + i))));
 }
 
 /* The maximum eight lanes at a time until a block holds a NaN; then the
    first NaN, else the first index equal to the maximum (all -inf: 0). */
 long argmax_bf16(const uint16_t *v, long n) {
     long i = 0;
-    __m256 m = _mm256_set1_ps(-INFINITY);
+    f8 m = f8_set1(-INFINITY);
     for (; i + 8 <= n; i += 8) {
-        const __m256 f = bf16x8_natural(v + i);
-        if (_mm256_movemask_ps(_mm256_cmp_ps(f, f, _CMP_UNORD_Q))) break;
-        m = _mm256_max_ps(m, f);
+        const f8 f = bf16x8(v + i);
+        if (m8_any(f8_nan(f))) break;
+        m = f8_max(m, f);
     }
     float mx = -INFINITY, lanes[8];
-    _mm256_storeu_ps(lanes, m);
+    f8_store(lanes, m);
     for (int l = 0; l < 8; ++l) mx = lanes[l] > mx ? lanes[l] : mx;
     for (long t = i; t < n; ++t) { /* the block with a NaN, or the tail */
         const float f = from_bf16(v[t]);
         if (f != f) return t;
         mx = f > mx ? f : mx;
     }
-    const __m256 mv = _mm256_set1_ps(mx);
+    const f8 mv = f8_set1(mx);
     for (i = 0; i + 8 <= n; i += 8) {
-        const __m256 f = bf16x8_natural(v + i);
-        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(f, mv, _CMP_EQ_OQ));
+        const int hit = m8_bits(f8_eq(bf16x8(v + i), mv));
         if (hit) return i + __builtin_ctz((unsigned)hit);
     }
     for (; i < n; ++i)

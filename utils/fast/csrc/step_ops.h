@@ -1,5 +1,5 @@
 /* The decode step's work besides the matrix-vector products: norms, RoPE,
-   attention, SwiGLU, residual adds, argmax (step_ops.c; AVX2). Values are
+   attention, SwiGLU, residual adds, argmax (step_ops.c, on vec8.h's lanes). Values are
    rounded to bf16 where the book's bf16 model rounds; the float32 sums
    inside run in their own order. The tests compare each with its first,
    plain form (tests/fast/csrc/step_reference.c) bit for bit. */
@@ -14,42 +14,39 @@
    and a degree-6 polynomial; the classic Cephes coefficients): 0 below
    the smallest subnormal, inf above ln(FLT_MAX), NaN stays NaN. torch's own
    vectorised exp is not glibc's expf either; results round to bf16. */
-static inline __m256 exp8(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-103.972f), hi = _mm256_set1_ps(88.7228f);
-    const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+static inline f8 exp8(f8 x) {
+    const f8 lo = f8_set1(-103.972f), hi = f8_set1(88.7228f);
+    const f8 xc = f8_min(f8_max(x, lo), hi);
+    const f8 n = f8_round(f8_mul(xc, f8_set1(1.44269504f)));
+    f8 r = f8_fms(n, f8_set1(0.693359375f), xc);
+    r = f8_fms(n, f8_set1(-2.12194440e-4f), r);
+    f8 p = f8_set1(1.9875691500e-4f);
+    p = f8_fma(p, r, f8_set1(1.3981999507e-3f));
+    p = f8_fma(p, r, f8_set1(8.3334519073e-3f));
+    p = f8_fma(p, r, f8_set1(4.1665795894e-2f));
+    p = f8_fma(p, r, f8_set1(1.6666665459e-1f));
+    p = f8_fma(p, r, f8_set1(5.0000001201e-1f));
+    p = f8_fma(f8_mul(p, r), r, f8_add(r, f8_set1(1.0f)));
     /* times 2^n as 2^a * 2^b, a = n >> 1, b = n - a: both factors normal
        for n in [-150, 128], so results near overflow or in the subnormal
        range come out right */
-    const __m256i ni = _mm256_cvtps_epi32(n);
-    const __m256i a = _mm256_srai_epi32(ni, 1), b = _mm256_sub_epi32(ni, a);
-    const __m256i bias = _mm256_set1_epi32(127);
-    const __m256 ea = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(a, bias), 23));
-    const __m256 eb = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(b, bias), 23));
-    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, ea), eb);
+    const i8v ni = f8_int(n), bias = i8_set1(127);
+    const i8v a = i8_sar(ni, 1), b = i8_sub(ni, a);
+    const f8 ea = i8_bits(i8_shl(i8_add(a, bias), 23));
+    const f8 eb = i8_bits(i8_shl(i8_add(b, bias), 23));
+    f8 y = f8_mul(f8_mul(p, ea), eb);
 
-    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
-    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
-    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    y = sel(f8_lt(x, lo), y, f8_zero());
+    y = sel(f8_gt(x, hi), y, f8_set1(INFINITY));
+    return sel(f8_nan(x), y, x);
 }
 
 /* q . k over d (% 8 == 0) entries, k in bf16: one 8-lane accumulator over
-   the head, then hsum */
+   the head, then f8_hsum */
 static inline float dot_bf16(const float *q, const uint16_t *k, long d) {
-    __m256 a = _mm256_setzero_ps();
-    for (long i = 0; i < d; i += 8)
-        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), bf16x8_natural(k + i), a);
-    return hsum(a);
+    f8 a = f8_zero();
+    for (long i = 0; i < d; i += 8) a = f8_fma(f8_load(q + i), bf16x8(k + i), a);
+    return f8_hsum(a);
 }
 
 /* The book's RMSNorm in float32: x * rsqrt(mean(x^2) + eps) * scale

@@ -197,7 +197,7 @@ static void fill_once(const product *p, passes_left *sync, long seq) {
         return;
     }
     while (__atomic_load_n(ready, __ATOMIC_ACQUIRE) < (uint64_t)seq)
-        _mm_pause();
+        cpu_relax();
 }
 #endif
 
