@@ -308,7 +308,7 @@ def test_native_modes_run_and_count_in_the_choice():
     from utils.fast import get_kernels
 
     if get_kernels() is None:
-        pytest.skip("the native step needs the x86-64 AVX2 kernels")
+        pytest.skip("the native step needs the C kernels (x86-64 with AVX2, or AArch64)")
     modes = ["fast", "fast_native", "fast_native_int8"]
     rows = tiny_run(modes, dtype="bfloat16", max_new_tokens=6, repeats=2)
     by_mode = {r["mode"]: r for r in rows}
@@ -481,7 +481,7 @@ def test_the_table_names_the_kernels_each_native_mode_ran(monkeypatch, capsys):
     from utils.fast import get_kernels
 
     if get_kernels() is None:
-        pytest.skip("the native step needs the x86-64 AVX2 kernels")
+        pytest.skip("the native step needs the C kernels (x86-64 with AVX2, or AArch64)")
     monkeypatch.setenv("QWEN3_KERNEL_VARIANTS", "default")  # the AVX2 kernels
     modes = ["fast", "fast_native", "fast_native_int8"]
     rows = tiny_run(modes, dtype="bfloat16")

@@ -144,7 +144,7 @@ MAX_C_FUNCTION_LINES = 80
 def c_function_lengths(text: str) -> dict[str, int]:
     """{name: lines} of the top-level function definitions in C source: a
     line at column 0 with a `(`, whose next `{` follows a `)` and comes
-    before any `;`, up to the first `}` at column 0."""
+    before any `;`, up to the `}` that closes that brace."""
     lines = text.splitlines()
     lengths = {}
     i = 0
@@ -155,7 +155,11 @@ def c_function_lengths(text: str) -> dict[str, int]:
             brace, semi = rest.find("{"), rest.find(";")
             head = rest[:brace].rstrip()
             if brace != -1 and (semi == -1 or brace < semi) and head.endswith(")"):
-                end = next(j for j in range(i, len(lines)) if lines[j].startswith("}"))
+                depth, end = 0, i
+                for end in range(i, len(lines)):
+                    depth += lines[end].count("{") - lines[end].count("}")
+                    if depth == 0 and "{" in "\n".join(lines[i : end + 1]):
+                        break
                 name = line.split("(")[0].split()[-1].lstrip("*")
                 lengths[name] = end - i + 1
                 i = end
@@ -165,9 +169,10 @@ def c_function_lengths(text: str) -> dict[str, int]:
 
 def test_the_c_length_check_measures_functions():
     src = (
-        "static int f(int a,\n          int b) {\n    return a + b;\n}\nint g(void);\n"
+        "static int f(int a,\n          int b) {\n    if (a) { b++; }\n    return a + b;\n}\n"
+        "int g(void);\nstatic int h(void) { return 1; }\n"
     )
-    assert c_function_lengths(src) == {"f": 4}
+    assert c_function_lengths(src) == {"f": 5, "h": 1}
 
 
 def test_c_functions_are_short_enough_to_read():
@@ -182,7 +187,10 @@ def test_c_functions_are_short_enough_to_read():
 
 
 MAX_MODULE_LINES = 800
-MAX_ENGINE_LINES = 4000
+# 4,000 for the x86-64 engine (#44), plus about 300 for the second
+# instruction set (#47): vec8.h's NEON half, AArch64's CPU features, the
+# per-architecture build
+MAX_ENGINE_LINES = 4300
 ENGINE = UTILS / "fast"
 
 

@@ -83,7 +83,7 @@ def _add_common(p: argparse.ArgumentParser, default_tokens: int) -> None:
     p.add_argument(
         "--fast",
         action="store_true",
-        help="use the static-KV-cache fast path in utils.fast (on x86-64 "
+        help="use the static-KV-cache fast path in utils.fast (on x86-64 and AArch64 "
         "CPUs each token is one native C call: no compile, close to but not "
         "bit-equal with the book's numbers)",
     )

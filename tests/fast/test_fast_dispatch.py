@@ -1,7 +1,7 @@
 """utils.fast.dispatch and csrc/dispatch.c: the kernel per class follows the
 CPU's features by a small rule table (decisions tested by naming feature
 sets); every kernel this CPU can execute computes what its class promises
-(exact and int8: the bits of the AVX2 kernel; fast: within float32's error
+(exact and int8: the bits of the first kernel; fast: within float32's error
 bound), alone, grouped and inside whole decode steps; kernels the CPU lacks
 the instructions for are compiled into the library but never executed here,
 and the C side refuses to run them rather than crash. QWEN3_KERNEL_VARIANTS
@@ -32,9 +32,15 @@ from utils.fast.dispatch import (
 
 pytestmark = pytest.mark.skipif(
     build.unsupported_reason() is not None,
-    reason="the kernels need an x86-64 CPU with AVX2",
+    reason="the kernels need x86-64 with AVX2, or AArch64",
 )
 BF16 = tiny_config(context_length=512, dtype=torch.bfloat16)
+# The first kernels (kernels_v8.c) are named for the instruction set
+ISA = "avx2" if build.machine() == "x86_64" else "neon"
+FIRST = (f"bf16_exact_{ISA}", f"bf16_fast_{ISA}", f"int8_{ISA}")
+x86_only = pytest.mark.skipif(
+    build.machine() != "x86_64", reason="x86-64's AVX-512 kernels and their rules"
+)
 
 
 def every_kernel():
@@ -140,19 +146,23 @@ def test_a_thread_that_starts_late_has_its_passes_taken_same_bits(test_kernels, 
         assert stolen > 0, (k, rows)
 
 
-def test_the_table_has_the_avx2_kernels_first_and_the_avx512_forms(kernels):
+def test_the_table_has_the_first_kernels_first(kernels):
     table = kernel_table(kernels)
-    assert [reference(kernels, c).name for c in CLASSES] == [
-        "bf16_exact_avx2",
-        "bf16_fast_avx2",
-        "int8_avx2",
-    ]
+    assert tuple(reference(kernels, c).name for c in CLASSES) == FIRST
+    base = "avx2" if ISA == "avx2" else "asimd"
+    assert all(k.needs == {base} for k in table if k.name in FIRST)
+    assert [k.index for k in table] == list(range(len(table)))
+    if ISA == "neon":  # nothing but the first kernels on AArch64
+        assert tuple(k.name for k in table) == FIRST
+
+
+@x86_only
+def test_the_table_has_the_avx512_forms(kernels):
+    table = kernel_table(kernels)
     names = {k.name: k for k in table}
     assert names["bf16_exact_avx512_xb"].needs == {"avx2", "avx512"}
     assert names["bf16_exact_avx512_xb"].cls == "exact"
     assert names["int8_avx512vnni_s2"].needs == {"avx2", "avx512", "avx512_vnni"}
-    assert all(k.needs == {"avx2"} for k in table if "avx2" in k.name)
-    assert [k.index for k in table] == list(range(len(table)))
 
 
 # Feature sets of CPUs the rules were written for, and what they pick
@@ -168,6 +178,7 @@ RULE_CASES = [
 ]  # fmt: skip
 
 
+@x86_only
 @pytest.mark.parametrize("features, picks", RULE_CASES)
 def test_the_rules_pick_by_cpu_features(kernels, features, picks):
     table = kernel_table(kernels)
@@ -179,8 +190,8 @@ def test_a_rule_naming_a_kernel_the_library_lacks_is_skipped(kernels):
     rules then fall back to them."""
     table = tuple(k for k in kernel_table(kernels) if "avx512" not in k.needs)
     every = frozenset({"avx2", "avx512", "avx512_vnni", "avx512_bf16"})
-    assert rule_choice("exact", every, table).name == "bf16_exact_avx2"
-    assert rule_choice("int8", every, table).name == "int8_avx2"
+    assert rule_choice("exact", every, table).name == FIRST[0]
+    assert rule_choice("int8", every, table).name == FIRST[2]
 
 
 def test_choose_follows_the_cpu_and_never_exceeds_it(kernels):
@@ -194,20 +205,18 @@ def test_choose_follows_the_cpu_and_never_exceeds_it(kernels):
     for k in choose(kernels, setting="", features=every).values():
         assert k.needs <= have
     default = choose(kernels, setting="default")
-    assert [default[c].name for c in CLASSES] == [
-        "bf16_exact_avx2", "bf16_fast_avx2", "int8_avx2",
-    ]  # fmt: skip
+    assert tuple(default[c].name for c in CLASSES) == FIRST
 
 
 def test_the_setting_forces_kernels_and_says_what_it_cannot_use(kernels, capsys):
-    chosen = choose(kernels, ("exact", "int8"), setting="int8_avx2, nonsense")
-    assert chosen["int8"].name == "int8_avx2"
+    chosen = choose(kernels, ("exact", "int8"), setting=f"{FIRST[2]}, nonsense")
+    assert chosen["int8"].name == FIRST[2]
     out = capsys.readouterr()
     assert out.out == ""
-    assert "names no kernel 'nonsense'" in out.err and "int8_avx2" in out.err
-    if "avx512" not in cpu_features(kernels):
+    assert "names no kernel 'nonsense'" in out.err and FIRST[2] in out.err
+    if ISA == "avx2" and "avx512" not in cpu_features(kernels):
         chosen = choose(kernels, ("exact",), setting="bf16_exact_avx512_xb")
-        assert chosen["exact"].name == "bf16_exact_avx2"
+        assert chosen["exact"].name == FIRST[0]
         err = capsys.readouterr().err
         assert "bf16_exact_avx512_xb cannot run on this CPU (it lacks avx512)" in err
 
@@ -216,8 +225,15 @@ def test_cpu_features_agree_with_the_kernel_of_the_os(kernels):
     cpuinfo = Path("/proc/cpuinfo")
     if not cpuinfo.is_file():
         pytest.skip("no /proc/cpuinfo to compare with")
-    line = next(ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("flags"))
-    flags = set(line.split(":", 1)[1].split())
+    key = "flags" if ISA == "avx2" else "Features"
+    lines = [ln for ln in cpuinfo.read_text().splitlines() if ln.startswith(key)]
+    if not lines:  # qemu-user shows the host's /proc/cpuinfo
+        pytest.skip(f"/proc/cpuinfo has no {key} line to compare with")
+    flags = set(lines[0].split(":", 1)[1].split())
+    if ISA == "neon":
+        want = {"asimd", "asimddp", "bf16", "i8mm"} & flags
+        assert cpu_features(kernels) == want
+        return
     want = {"avx2"} if {"avx2", "fma"} <= flags else set()
     if want and {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags:
         want.add("avx512")
@@ -247,7 +263,7 @@ def test_the_library_refuses_a_kernel_the_cpu_lacks(test_kernels):
             x, ws, scales = problem(k.cls, 1024, (8,), torch.Generator())
             with pytest.raises(RuntimeError, match="code 3"):
                 test_kernels.matvec(x, ws, scales, kernel=k.index)
-    assert "avx2" in cpu_features(test_kernels)
+    assert ("avx2" if ISA == "avx2" else "asimd") in cpu_features(test_kernels)
 
 
 def test_wrong_k_or_index_is_an_error_not_a_crash(kernels):
@@ -262,6 +278,7 @@ def test_wrong_k_or_index_is_an_error_not_a_crash(kernels):
             kernels.matvec(x, ws, scales, kernel=index)
 
 
+@x86_only
 def test_an_exact_kernel_taking_x_as_bf16_refuses_an_x_it_would_round(kernels):
     """bf16_exact_avx512_xb holds x as bf16: exact for the step's x, which
     always holds bf16 values, and refused (code 1) for a float32 x it would
@@ -287,19 +304,20 @@ def test_the_load_time_check_catches_a_kernel_with_other_bits(kernels):
     assert check_kernel(kernels, fast, fast) is None
 
 
+@x86_only
 def test_a_kernel_failing_its_check_gives_way_with_one_line(
     kernels, monkeypatch, capsys
 ):
     """A forced kernel that fails its load-time check is not used: the
     class's reference runs, and one line on stderr says why."""
     victim = next(k for k in kernel_table(kernels)
-                  if k.cls == "int8" and k.name != "int8_avx2")  # fmt: skip
+                  if k.cls == "int8" and k.name != FIRST[2])  # fmt: skip
     monkeypatch.setattr(dispatch, "check_kernel", lambda *a: "results differ (test)")
     monkeypatch.setattr(dispatch, "cpu_features", lambda k: victim.needs)
     dispatch._passes_check.cache_clear()
     try:
         chosen = choose(kernels, ("int8",), setting=victim.name, features=victim.needs)
-        assert chosen["int8"].name == "int8_avx2"
+        assert chosen["int8"].name == FIRST[2]
         err = capsys.readouterr().err
         assert err.count("not used") == 1 and victim.name in err
     finally:

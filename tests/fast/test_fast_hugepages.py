@@ -115,7 +115,7 @@ def test_the_kernel_marks_moved_weights_for_huge_pages(madvised_huge_pages):
 
 @pytest.mark.skipif(
     build.unsupported_reason() is not None,
-    reason="the native step needs the x86-64 AVX2 kernels",
+    reason="the native step needs the C kernels (x86-64 with AVX2, or AArch64)",
 )
 def test_the_native_step_moves_the_books_weights_and_keeps_its_results(monkeypatch):
     # a head of 1024 x 1024 bf16 (2 MB), tied to the embedding as in Qwen3

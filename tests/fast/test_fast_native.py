@@ -35,7 +35,7 @@ BONUS = Path(__file__).resolve().parents[2] / "ch02" / "03_fast-decoding"
 
 pytestmark = pytest.mark.skipif(
     build.unsupported_reason() is not None,
-    reason="the native step needs the x86-64 AVX2 kernels",
+    reason="the native step needs the C kernels (x86-64 with AVX2, or AArch64)",
 )
 
 

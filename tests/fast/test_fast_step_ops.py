@@ -17,7 +17,7 @@ import utils.fast.build as build
 
 pytestmark = pytest.mark.skipif(
     build.unsupported_reason() is not None,
-    reason="the decode step's C code needs an x86-64 CPU with AVX2",
+    reason="the decode step's C code needs x86-64 with AVX2, or AArch64",
 )
 
 

@@ -3,13 +3,14 @@
 The library (`csrc/dispatch.c`) holds a few kernels per class: "exact"
 (bf16 summed in ATen's order, all with the same bits), "fast" (bf16 in a
 free order, within float32's error bound; for compiled graphs) and "int8"
-(all with the AVX2 int8 kernel's bits). Each class's first kernel, the
-AVX2 one, is its reference and runs wherever no rule applies. As in
+(all with the first int8 kernel's bits). Each class's first kernel (AVX2
+on x86-64, NEON on AArch64: one source, csrc/kernels_v8.c) is its
+reference and runs wherever no rule applies. As in
 ggml-cpu, the CPU's features alone decide (instant, the same on every run,
 testable); the measurements behind each rule are in
 ch02/03_fast-decoding/README.md.
 
-`QWEN3_KERNEL_VARIANTS` overrides the rules: "default" (the AVX2 kernels)
+`QWEN3_KERNEL_VARIANTS` overrides the rules: "default" (the first kernels)
 or kernel names (e.g. "int8_avx512vnni_s2"). A kernel other than the
 reference is checked once per process against it on a small problem
 before it runs; one that fails is not used (one line on stderr).
@@ -32,7 +33,7 @@ ENV = "QWEN3_KERNEL_VARIANTS"
 _log = get_logger(__name__)
 
 # Per class, the first rule whose features the CPU has names the kernel;
-# the class's AVX2 kernel where none applies.
+# the class's first kernel where none applies.
 RULES: dict[str, tuple[tuple[frozenset[str], str], ...]] = {
     "exact": ((frozenset({"avx512"}), "bf16_exact_avx512_xb"),),
     "fast": (),
@@ -46,8 +47,9 @@ def kernel_table(kernels: Kernels) -> tuple[Kernel, ...]:
 
 
 def cpu_features(kernels: Kernels) -> frozenset[str]:
-    """What this CPU and OS run, as the library detects it: "avx2" (with
-    FMA), "avx512" (F, BW, DQ and VL), "avx512_bf16", "avx512_vnni"."""
+    """What this CPU and OS run, as the library detects it: on x86-64
+    "avx2" (with FMA), "avx512" (F, BW, DQ and VL), "avx512_bf16",
+    "avx512_vnni"; on AArch64 "asimd" (NEON), "asimddp", "bf16", "i8mm"."""
     return kernels.features(kernels.lib.qwen3_cpu_features())
 
 
@@ -149,7 +151,7 @@ def choose(
     table, have = kernel_table(kernels), cpu_features(kernels)
     features = have if features is None else features & have
     setting = ((settings.text(ENV) if setting is None else setting) or "").strip()
-    if setting == "default":  # the AVX2 kernels, as on a CPU with no rule
+    if setting == "default":  # the first kernels, as on a CPU with no rule
         features, setting = frozenset(), ""
     chosen = {c: rule_choice(c, features, table) for c in classes}
     if setting:

@@ -1,4 +1,4 @@
-"""Matrix-vector products for single-token decoding on x86-64 CPUs.
+"""Matrix-vector products for single-token decoding on CPUs (x86-64, AArch64).
 
 Decoding one token makes every linear layer a matrix-vector product: each
 weight is read once for one multiply-add, so memory speed sets the pace.
@@ -43,7 +43,7 @@ class Kernel:
 class Kernels:
     """The loaded kernel library with typed, checked calls (see `get_kernels`):
     its kernels (`table`); `first[cls]`, the index of a class's reference
-    kernel (the AVX2 one)."""
+    kernel (the first one: AVX2 or NEON)."""
 
     def __init__(self, library: build.Library) -> None:
         self.library = library

@@ -12,8 +12,8 @@ fills it by name.
 Numerics: bf16 is rounded where the book's model rounds it, but float32
 sums (norms, softmax, attention) run in their own order: tokens are close
 to the eager step's, not guaranteed equal (ch02/03_fast-decoding/
-agreement.py). Every kernel `utils.fast.dispatch` picks gives the AVX2
-kernel's bits within the exact and int8 classes.
+agreement.py). Every kernel `utils.fast.dispatch` picks gives the first
+kernel's bits within the exact and int8 classes, on x86-64 and AArch64.
 """
 
 from __future__ import annotations

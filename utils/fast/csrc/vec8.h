@@ -6,8 +6,7 @@
    IEEE float32 rounding (fma: one rounding), and hsum adds the lanes in
    one fixed order, so a kernel gives the same bits on both machines.
    Masks are what the comparisons return; sel(m, a, b) takes b where m is
-   set. The few steps whose lane order is each set's own (bf16x16_fast,
-   FAST_ORDER) are used only where the order of additions is free. */
+   set. */
 #ifndef QWEN3_VEC8_H
 #define QWEN3_VEC8_H
 
@@ -83,10 +82,6 @@ static inline f8 bf16x8(const uint16_t *p) {
     const __m128i h = _mm_loadu_si128((const __m128i *)p);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-/* 16 bf16 values as two f8, lane l of *a holding value FAST_ORDER[l] and
-   of *b FAST_ORDER[8 + l]: unpacking one 256-bit load interleaves its
-   two 128-bit halves */
-#define FAST_ORDER {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15}
 static inline void bf16x16_fast(const uint16_t *p, f8 *a, f8 *b) {
     const __m256i v = _mm256_loadu_si256((const __m256i *)p), z = _mm256_setzero_si256();
     *a = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v));
@@ -204,10 +199,10 @@ static inline f8 bf16x8(const uint16_t *p) {
     const uint16x8_t h = vld1q_u16(p);
     return (f8){bf16x4(vget_low_u16(h)), bf16x4(vget_high_u16(h))};
 }
-#define FAST_ORDER {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
 static inline void bf16x16_fast(const uint16_t *p, f8 *a, f8 *b) {
-    *a = bf16x8(p);
-    *b = bf16x8(p + 8);
+    const uint16x8_t h0 = vld1q_u16(p), h1 = vld1q_u16(p + 8);
+    *a = (f8){bf16x4(vget_low_u16(h0)), bf16x4(vget_low_u16(h1))};
+    *b = (f8){bf16x4(vget_high_u16(h0)), bf16x4(vget_high_u16(h1))};
 }
 static inline void i8x16_float(const int8_t *p, f8 *a, f8 *b) {
     const int8x16_t v = vld1q_s8(p);
@@ -234,6 +229,11 @@ static inline void cpu_relax(void) { __asm__ volatile("yield"); }
 #else
 #error "the kernels need x86-64 (AVX2) or AArch64 (NEON)"
 #endif
+
+/* bf16x16_fast: 16 bf16 values as two f8, lane l of *a holding value
+   FAST_ORDER[l] and of *b FAST_ORDER[8 + l] (AVX2's unpacking of one
+   256-bit load interleaves its two 128-bit halves; NEON does the same) */
+#define FAST_ORDER {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15}
 
 /* Any lane of m set */
 static inline int m8_any(m8 m) { return m8_bits(m) != 0; }
