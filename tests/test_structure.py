@@ -169,8 +169,8 @@ def c_function_lengths(text: str) -> dict[str, int]:
 
 def test_the_c_length_check_measures_functions():
     src = (
-        "static int f(int a,\n          int b) {\n    if (a) { b++; }\n    return a + b;\n}\n"
-        "int g(void);\nstatic int h(void) { return 1; }\n"
+        "static int f(int a,\n          int b) {\n    if (a) { b++; }\n"
+        "    return a + b;\n}\nint g(void);\nstatic int h(void) { return 1; }\n"
     )
     assert c_function_lengths(src) == {"f": 5, "h": 1}
 

@@ -59,7 +59,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("QWEN3_KERNEL_CACHE", "`<cache>/kernels`",
             "where the fast decoder's compiled C library is kept"),
     Setting("QWEN3_KERNEL_VARIANTS", "the rule table's choice",
-            "`default` (the first kernels: AVX2 or NEON) or kernel names to force, e.g. "
+            "`default` (the first kernels: AVX2 or NEON) or kernel names to "
+            "force, e.g. "
             "`bf16_exact_avx2,int8_avx2`"),
     Setting("QWEN3_LANG", "`zh` in a `zh` folder, else `en`",
             "language of chart labels (`en` or `zh`)"),

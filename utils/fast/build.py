@@ -29,7 +29,6 @@ import shutil
 import stat
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -213,18 +212,29 @@ def _sources(testing: bool) -> list[Path]:
     return sorted(p for f in folders for p in f.iterdir() if p.suffix in (".c", ".h"))
 
 
-def _run(command: list[str]) -> None:
-    """Run one compiler command; its first line of complaint on failure."""
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
-        detail = (proc.stderr or proc.stdout).strip().splitlines()
-        name = Path(command[0]).name
-        raise RuntimeError(f"{name} failed: {(detail or [proc.returncode])[0]}")
+def _run_all(commands: list[list[str]]) -> None:
+    """Run compiler commands side by side; the first one's first line of
+    complaint on failure. All are started from this thread, one after the
+    other, then waited for (processes forked from several threads at once
+    can hang under qemu-user's emulation)."""
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for c in commands]  # fmt: skip
+    try:
+        for command, proc in zip(commands, procs, strict=True):
+            out = proc.communicate(timeout=300)[0]
+            if proc.returncode != 0:
+                detail = (out or "").strip().splitlines() or [proc.returncode]
+                raise RuntimeError(f"{Path(command[0]).name} failed: {detail[0]}")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def _compile(compiler: str, flags: list[str], cache_dir: Path, testing: bool) -> Path:
     """Compile the sources to a fresh file in `cache_dir`; returns its path.
-    One compiler per source file at a time on every core, then one link:
+    One compiler per source file, all at once, then one link:
     the first `--fast` run waits for the slowest file, not for their sum."""
     fd, out = tempfile.mkstemp(dir=cache_dir, prefix=".build-", suffix=".so")
     os.close(fd)
@@ -237,9 +247,8 @@ def _compile(compiler: str, flags: list[str], cache_dir: Path, testing: bool) ->
                 [compiler, *flags, *extra, "-c", unit, "-o", obj]
                 for unit, obj in zip(units, objects, strict=True)
             ]
-            with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-                list(pool.map(_run, commands))  # raises the first failure
-            _run([compiler, *flags, *objects, "-o", out])
+            _run_all(commands)
+            _run_all([[compiler, *flags, *objects, "-o", out]])
     except (OSError, RuntimeError, subprocess.SubprocessError):
         Path(out).unlink(missing_ok=True)
         raise
