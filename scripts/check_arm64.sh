@@ -14,9 +14,10 @@
 #
 # Time: emulated code runs several times slower than native and torch's
 # matrix work far slower still. On a 2-core VM the whole not-slow set takes
-# about an hour, so by default the seven tests that take over a minute each
+# about an hour, so by default the eight tests that take over a minute each
 # there (HEAVY_TESTS below: inductor's C++ compile, commands that start a new
-# Python and load a model) are deselected, and a time limit (30 min) stops
+# Python and load a model, torch's bf16 products in the real shapes) are
+# deselected, and a time limit (30 min) stops
 # pytest with the counts so far, reported as INCOMPLETE, never as a pass.
 # --all keeps every not-slow test.
 #
@@ -56,6 +57,7 @@ HEAVY_TESTS=(
     tests/fast/test_fast_quantize.py::test_int8_agreement_figure_on_a_tiny_model
     tests/test_hf_interop.py::test_export_with_tokenizer_loads_in_autotokenizer
     tests/test_widgets.py::test_generation_panel_matches_generator
+    tests/fast/test_fast_kernels.py::test_eager_linear_gives_torchs_bits_on_every_cpu
 )
 
 while [[ $# -gt 0 ]]; do
@@ -294,6 +296,16 @@ run in_chroot sh -c 'cd /work/repo && UV_COMPILE_BYTECODE=1 uv sync --locked --q
 versions="$(in_chroot /opt/venv/bin/python -c \
     'import platform, torch; print(platform.machine(), "Python", platform.python_version(), "torch", torch.__version__)')"
 say "$versions"
+# Which native step the tests meet: the C kernels built for this CPU, or
+# torch's matmul (then the fast decoder's tests skip)
+native="$(in_chroot sh -c 'cd /work/repo && python - 2>/dev/null' <<'PY'
+from utils.fast import get_kernels
+k = get_kernels()
+names = [k.table[k.first[c]].name for c in ("exact", "int8")] if k else []
+print("native step: " + (", ".join(names) or "none (torch matmul)"))
+PY
+)" || native="native step: none (the check failed)"
+say "$native"
 
 args=(-m "not slow" -p no:cacheprovider -q --durations=15)
 if [[ $all == 0 ]]; then
@@ -340,7 +352,7 @@ elif [[ $(count failed) == 0 && $(count error) == 0 && ( $status == 0 || $status
 else
     word="FAIL (pytest rc $status)" status=1
 fi
-echo "VERDICT: $word: ${versions} under qemu-user on $(nproc)-core $cpu:" \
+echo "VERDICT: $word: ${versions}, ${native}, under qemu-user on $(nproc)-core $cpu:" \
     "$(count passed) passed, $(count failed) failed, $(count skipped) skipped," \
     "$(count deselected) deselected in $((elapsed / 60)) min $((elapsed % 60)) s"
 [[ $status == 0 ]] || exit 1

@@ -283,3 +283,40 @@ def test_a_symlinked_kernel_cache_is_refused(kernels, tmp_path):
     with pytest.raises(RuntimeError, match="symbolic link"):
         build.build_and_load(link)
     assert list(real.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "name, machine, refused",
+    [("x86_64", "x86_64", False), ("AMD64", "x86_64", False),
+     ("aarch64", "aarch64", False), ("arm64", "aarch64", False),
+     ("riscv64", "riscv64", True), ("armv7l", "armv7l", True)],
+)  # fmt: skip
+def test_the_build_knows_x86_64_and_aarch64_by_any_name(
+    monkeypatch, name, machine, refused
+):
+    """macOS says arm64 and Windows AMD64; a 32-bit ARM or a RISC-V CPU is
+    refused with a reason, before any compiler runs."""
+    monkeypatch.setattr(build.platform, "machine", lambda: name)
+    monkeypatch.setattr(build.platform, "system", lambda: "Linux")
+    monkeypatch.setattr(build.torch.cpu, "_is_avx2_supported", lambda: True)
+    assert build.machine() == machine
+    reason = build.unsupported_reason()
+    assert (reason is not None) == refused
+    if refused:
+        assert "needs an x86-64 or AArch64 CPU" in reason and name in reason
+
+
+def test_macos_tries_pytorchs_libomp_first(monkeypatch, tmp_path):
+    """Apple's clang has no OpenMP runtime: on macOS the first way is the
+    libomp of PyTorch's wheel (where it is there), then -fopenmp, then none
+    (one thread)."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libomp.dylib").touch()
+    monkeypatch.setattr(build.torch, "__file__", str(tmp_path / "__init__.py"))
+    monkeypatch.setattr(build.platform, "system", lambda: "Darwin")
+    first, *rest = build.openmp_flags()
+    assert first[:2] == ["-Xclang", "-fopenmp"] and "-lomp" in first
+    assert f"-L{tmp_path / 'lib'}" in first
+    assert rest == [["-fopenmp"], []]
+    monkeypatch.setattr(build.platform, "system", lambda: "Linux")
+    assert build.openmp_flags() == [["-fopenmp"], []]
