@@ -13,13 +13,14 @@
 # also when interrupted or stopped by its time limit.
 #
 # Time: emulated code runs several times slower than native and torch's
-# matrix work far slower still. On a 2-core VM the whole not-slow set takes
-# about an hour, so by default the eight tests that take over a minute each
-# there (HEAVY_TESTS below: inductor's C++ compile, commands that start a new
-# Python and load a model, torch's bf16 products in the real shapes) are
-# deselected, and a time limit (30 min) stops
-# pytest with the counts so far, reported as INCOMPLETE, never as a pass.
-# --all keeps every not-slow test.
+# matrix work far slower still, so by default the eight tests that take over
+# a minute each there (HEAVY_TESTS below: inductor's C++ compile, commands
+# that start a new Python and load a model, torch's bf16 products in the
+# real shapes) are deselected, and a time limit (30 min) stops pytest with
+# the counts so far, reported as INCOMPLETE, never as a pass. --all keeps
+# every not-slow test. Before the tests it prints which native decode step
+# they meet (the C kernels built for this CPU, or torch's matmul); the
+# verdict names it too.
 #
 # Needs: root on a Debian or Ubuntu host (installs debootstrap,
 # qemu-user-static and binfmt-support with apt-get where missing), Debian's
@@ -68,7 +69,7 @@ while [[ $# -gt 0 ]]; do
         --rebuild) rebuild=1; shift ;;
         --all) all=1; shift ;;
         --) shift; pytest_args=("$@"); break ;;
-        -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
         *) echo "check_arm64: unknown option: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
