@@ -3,7 +3,7 @@
 
    The kernels and the decode step are written against these operations,
    so one algorithm runs on both. Every operation is lane by lane with
-   IEEE float32 rounding (fma: one rounding), and hsum adds the lanes in
+   IEEE float32 rounding (fma: one rounding), and f8_hsum adds the lanes in
    one fixed order, so a kernel gives the same bits on both machines.
    Masks are what the comparisons return; sel(m, a, b) takes b where m is
    set. */
