@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -699,15 +701,79 @@ def test_an_import_failing_while_placing_puts_the_old_files_back(tmp_path, monke
     assert all(is_verified(p) for p in files)  # (checked again: renamed back)
 
 
-def test_export_replaces_a_link_not_its_target(tmp_path):
-    """The exported folder takes the place of a link named as out_dir; the
-    folder the link pointed at keeps its files."""
+def test_export_to_a_link_is_refused_in_one_line(tmp_path):
+    """A link named as out_dir is neither replaced (it is the reader's) nor
+    written through (its folder may be someone else's): one line, nothing
+    written, even with overwrite=True."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "keep.txt").write_text("mine")
     link = tmp_path / "hf"
     link.symlink_to(elsewhere)
-    export_hf_folder(tied_standin(10), TINY, link, overwrite=True, **NO_IDS)
-    assert not link.is_symlink() and (link / "model.safetensors").is_file()
+    for overwrite in (False, True):
+        with pytest.raises(FileExistsError, match="symbolic link") as info:
+            export_hf_folder(tied_standin(10), TINY, link, overwrite=overwrite,
+                             **NO_IDS)  # fmt: skip
+        assert len(str(info.value).splitlines()) == 1
+        assert str(elsewhere) in str(info.value)  # the folder to name instead
+    assert link.is_symlink() and os.readlink(link) == str(elsewhere)
     assert [p.name for p in elsewhere.iterdir()] == ["keep.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "hf"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_export_folder_and_files_follow_the_umask(tmp_path, umask):
+    """model.safetensors was 0600 (safetensors' own mode) beside 0644 files:
+    a server running as another user could not read the weights."""
+    old = os.umask(umask)
+    try:
+        out = export_hf_folder(tied_standin(10), TINY, tmp_path / "hf",
+                               tokenizer_file=None, **NO_IDS)  # fmt: skip
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
+    names = sorted(p.name for p in out.iterdir())
+    assert "model.safetensors" in names and "config.json" in names
+    for name in names:
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o666 & ~umask, name
+
+
+KILLED_EXPORT = r"""
+import os, sys, time
+from pathlib import Path
+from tests.test_hf_interop import NO_IDS, TINY, tied_standin
+from utils import hf_interop
+
+def stuck_save(tensors, filename, metadata=None):
+    Path(filename).write_bytes(b"half of the weights")
+    print("writing", flush=True)
+    time.sleep(600)
+
+hf_interop.save_file = stuck_save
+hf_interop.export_hf_folder(tied_standin(10), TINY, sys.argv[1], **NO_IDS)
+"""
+
+
+@pytest.mark.slow  # a subprocess
+def test_an_export_killed_midway_is_cleaned_up_by_the_next(tmp_path):
+    """SIGKILL leaves the hidden temporary folder (nothing can run then);
+    the next export to that folder removes it: its process is gone."""
+    import signal
+    import subprocess
+    import sys
+
+    target = tmp_path / "hf"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_EXPORT, str(target)],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    try:
+        assert proc.stdout.readline() == "writing\n"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    left = [p for p in tmp_path.iterdir() if p.name.startswith(".hf.tmp-")]
+    assert len(left) == 1 and f"-{proc.pid}-" in left[0].name
+    export_hf_folder(tied_standin(10), TINY, target, **NO_IDS)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+    assert (target / "model.safetensors").stat().st_size > 1000

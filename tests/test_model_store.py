@@ -101,6 +101,29 @@ def test_where_links_fail_a_checked_copy_is_placed(
     assert f"{files.model}: copied from the verified copy" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077], ids=["022", "077"])
+def test_stored_and_placed_files_and_records_follow_the_umask(
+    hosts, tmp_path, store, monkeypatch, umask
+):
+    """As `cp` and huggingface_hub make files: 0644 under 022, 0600 under
+    077, for the store's files and records, linked or copied out."""
+    import stat
+
+    def no_links(src, dst, *args, **kwargs):
+        raise OSError(errno.EXDEV, "Invalid cross-device link", str(dst))
+
+    old = os.umask(umask)
+    try:
+        linked = download_qwen3_small("base", out_dir=tmp_path / "a")
+        monkeypatch.setattr(model_store.os, "link", no_links)
+        copied = download_qwen3_small("base", out_dir=tmp_path / "b")
+    finally:
+        os.umask(old)
+    files = [store / TOK, store / MODEL, *linked, *copied]
+    for path in files + [provenance.record_path(f) for f in files]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path
+
+
 @pytest.mark.parametrize("damage", ["flipped byte", "forged record"])
 def test_a_damaged_stored_copy_is_downloaded_again_never_linked(
     hosts, payloads, tmp_path, store, damage

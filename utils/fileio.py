@@ -2,16 +2,61 @@
 
 A reader who interrupts a notebook (or a full disk) must never leave a
 half-written file behind under a name that later code trusts.
+
+What appears gets the modes the reader's umask gives a new file, as `cp`
+and huggingface_hub do (0666 & ~umask for a file, 0777 & ~umask for a
+folder: 0644/0755 under the usual 022, 0600/0700 under 077), so a server
+running as another user can read an exported model exactly when the reader
+lets it. Folders meant to be private (the kernel cache, the tests' own
+folders) are made private by their owners, not here.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import shutil
-import tempfile
+import socket
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from utils.log import get_logger
+
+_STALE = re.compile(r"(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{8}")
+
+
+def umask() -> int:
+    """The process's umask. Read from /proc on Linux (nothing changed);
+    elsewhere set and put back at once (the only portable way to read it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode a new file gets under the umask (0666 & ~umask)."""
+    return 0o666 & ~umask()
+
+
+def folder_mode() -> int:
+    """The mode a new folder gets under the umask (0777 & ~umask)."""
+    return 0o777 & ~umask()
+
+
+def _set_file_mode(path: Path, mode: int | None = None) -> None:
+    """Give the regular file `path` (never a link) the umask's file mode."""
+    if stat.S_ISREG(os.lstat(path).st_mode):
+        os.chmod(path, file_mode() if mode is None else mode)
 
 
 def temp_name_pattern(path: str | os.PathLike) -> str:
@@ -20,10 +65,17 @@ def temp_name_pattern(path: str | os.PathLike) -> str:
 
 
 def _temp_beside(path: Path) -> Path:
+    """A new empty file `.<name>.<random>.tmp` beside `path`, made with
+    0666 so the kernel applies the umask (mkstemp's 0600 would stick)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    return Path(name)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    while True:
+        name = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            os.close(os.open(name, flags, 0o666))
+        except FileExistsError:
+            continue
+        return name
 
 
 @contextmanager
@@ -34,7 +86,7 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     tmp = _temp_beside(path)
     try:
         yield tmp
-        os.chmod(tmp, 0o644)
+        _set_file_mode(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -76,40 +128,131 @@ def atomic_place(src: str | os.PathLike, dest: str | os.PathLike) -> Path:
 def atomic_move(src: str | os.PathLike, dest: str | os.PathLike) -> Path:
     """Move a finished file into place in one rename (same file system)."""
     src, dest = Path(src), Path(dest)
-    os.chmod(src, 0o644)
+    _set_file_mode(src)
     os.replace(src, dest)
     return dest
 
 
+def refuse_link(path: str | os.PathLike) -> Path:
+    """`path`, or FileExistsError (one line) when it is a symbolic link. A
+    folder written atomically takes its name's place: a link there is the
+    reader's (never replaced) and points at a folder that may be someone
+    else's (never written through); naming the target is the reader's call."""
+    path = Path(path)
+    if path.is_symlink():
+        raise FileExistsError(
+            f"{path} is a symbolic link (to {os.readlink(path)}); a link is "
+            "neither replaced nor written through: name the folder it points "
+            "to, or a new name."
+        )
+    return path
+
+
 @contextmanager
 def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a new temporary folder beside `path`; when the block ends
-    without an error it takes the place of `path` (what was there is
-    removed, or put back if that move fails), otherwise it is removed: a
-    failure leaves nothing behind."""
-    path = Path(path)
+    """Yield a new private folder beside `path`; when the block ends without
+    an error, everything in it gets the umask's modes and it takes the place
+    of `path` (what was there is removed, or put back if that move fails);
+    otherwise it is removed: a failure leaves nothing behind. A link at
+    `path` is refused (`refuse_link`). Temporaries a killed earlier run
+    left beside `path` are removed first (`_remove_stale`)."""
+    path = refuse_link(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    _remove_stale(path)
+    tmp = _new_folder(path.parent, f".{path.name}.tmp-")
     try:
         yield tmp
-        os.chmod(tmp, 0o755)
+        _give_modes(tmp)
         _replace_folder(tmp, path)
     finally:
-        if tmp.is_dir():
+        if tmp.is_dir() and not tmp.is_symlink():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:40] or "host"
+
+
+def _new_folder(parent: Path, prefix: str) -> Path:
+    """A new folder `<prefix><host>-<pid>-<random>` in `parent`, mode 0700
+    while it is written (nobody reads a half-made folder)."""
+    while True:
+        name = parent / f"{prefix}{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            os.mkdir(name, 0o700)
+        except FileExistsError:
+            continue
+        return name
+
+
+def _give_modes(folder: Path) -> None:
+    """The umask's modes for `folder` and everything in it (links skipped,
+    never followed): writers such as safetensors make their files 0600."""
+    files, folders = file_mode(), folder_mode()
+    for root, dirs, names in os.walk(folder):
+        for name in names:
+            _set_file_mode(Path(root, name), files)
+        for name in dirs:
+            if not os.path.islink(os.path.join(root, name)):
+                os.chmod(os.path.join(root, name), folders)
+    os.chmod(folder, folders)
+
+
+def _process_gone(pid: int) -> bool:
+    """Whether no process `pid` exists here (signal 0 checks, sends nothing)."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's process: alive
+        return False
+    return False
+
+
+def _remove_stale(path: Path) -> None:
+    """Remove the temporaries an `atomic_folder` for `path` that was killed
+    (SIGKILL, power loss) left beside it, and only what is provably such a
+    leftover: named `.<name>.tmp-<host>-<pid>-<random>` (or `.old-...`,
+    only once `path` is a folder again) with this host's name, a folder
+    (not a link) owned by this user, whose process is gone. POSIX only:
+    elsewhere asking whether a process lives can end it."""
+    if os.name != "posix" or not path.parent.is_dir():
+        return
+    kinds = ["tmp"] + (["old"] if path.is_dir() and not path.is_symlink() else [])
+    for kind in kinds:
+        prefix = f".{path.name}.{kind}-"
+        for entry in os.scandir(path.parent):
+            found = entry.name.startswith(prefix) and _STALE.fullmatch(
+                entry.name[len(prefix) :]
+            )
+            if not found or found["host"] != _host():
+                continue
+            st = entry.stat(follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            if _process_gone(int(found["pid"])):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                get_logger(__name__).info(
+                    f"removed {entry.path}, left by a run that was stopped "
+                    f"(process {found['pid']} is gone)"
+                )
 
 
 def _replace_folder(src: Path, dest: Path) -> None:
     """Move the finished folder `src` to `dest`, replacing what is there
-    (moved aside first, deleted once `src` is in place)."""
+    (moved aside first, deleted once `src` is in place); a link at `dest`
+    is refused, never replaced."""
+    refuse_link(dest)
     if not os.path.lexists(dest):
         os.replace(src, dest)
         return
-    if dest.is_dir() and not dest.is_symlink() and not any(dest.iterdir()):
+    if dest.is_dir() and not any(dest.iterdir()):
         dest.rmdir()
         os.replace(src, dest)
         return
-    old = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.old."))
+    old = _new_folder(dest.parent, f".{dest.name}.old-")
     old.rmdir()
     os.replace(dest, old)
     try:

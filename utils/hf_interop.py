@@ -31,7 +31,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from utils.errors import CommandParser, UsageError, first_line, run_command
-from utils.fileio import atomic_folder, atomic_move
+from utils.fileio import atomic_folder, atomic_move, refuse_link
 from utils.hf_mapping import (
     TyingError,
     book_config_from_hf,
@@ -44,6 +44,7 @@ from utils.hf_mapping import (
     hf_to_book_state_dict,
 )
 from utils.qwen3_tokenizer import ENDOFTEXT_ID, IM_END_ID
+from utils.stdio import utf8_streams
 
 if TYPE_CHECKING:
     from utils.download import Qwen3Files
@@ -273,9 +274,13 @@ def export_hf_folder(
     with `AutoModelForCausalLM`/`AutoTokenizer.from_pretrained` and serves
     with vLLM or SGLang. The output head is tied (stored once) exactly when
     it equals the embedding. Use `eos_token_id=151645` for the reasoning
-    model. The folder appears atomically: a failure leaves nothing behind.
+    model. The folder appears atomically: a failure leaves nothing behind
+    (and the temporaries of an earlier, killed export are removed). Its
+    files get the modes the umask gives new files (0644 under 022). An
+    `out_dir` that is a symbolic link is refused in one line, neither
+    replaced nor written through: name the folder it points to.
     """
-    out_dir = Path(out_dir)
+    out_dir = refuse_link(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         if not overwrite:
             raise FileExistsError(
@@ -341,7 +346,7 @@ def _write_folder(
     `out_dir` (`utils.fileio.atomic_folder`: a failure leaves nothing)."""
     with atomic_folder(out_dir) as tmp:
         for name, data in json_files.items():
-            (tmp / name).write_text(json.dumps(data, indent=2) + "\n")
+            (tmp / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
         save_file(hf_sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if tok_path is not None:
             shutil.copyfile(tok_path, tmp / "tokenizer.json")
@@ -598,6 +603,7 @@ def _main(argv: list[str] | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m utils.hf_interop import-qwen3 PATH --kind base`;
     exit status 2 after one line for a bad folder or option."""
+    utf8_streams()  # output in UTF-8 to files and pipes (utils.stdio)
     return run_command(PROG, lambda: _main(argv))
 
 

@@ -94,7 +94,7 @@ def open_part(part: Path, append: bool) -> BinaryIO:
     else:
         with contextlib.suppress(FileNotFoundError):
             part.unlink()
-        fd = os.open(part, _BASE | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(part, _BASE | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies
     if _NONBLOCK:
         os.set_blocking(fd, True)
     return os.fdopen(fd, "ab" if append else "wb")

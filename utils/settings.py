@@ -78,6 +78,9 @@ SETTINGS: tuple[Setting, ...] = (
             "`ATEN_CPU_CAPABILITY` (PyTorch)"),
     Setting("ATEN_CPU_CAPABILITY", "the CPU's best",
             "the vector width PyTorch's CPU kernels use, e.g. `avx2` (PyTorch)"),
+    Setting("PYTHONIOENCODING", "unset: UTF-8",
+            "the encoding the commands read standard input in, e.g. `gbk` "
+            "(what they write to files and pipes is UTF-8 whatever it says; Python)"),
     Setting("CC", "`cc`, `gcc`, then `clang`",
             "the C compiler that builds the fast decoder's library"),
 )  # fmt: skip
