@@ -499,36 +499,6 @@ sys.exit(main(sys.argv[3:]))
 """
 
 
-@pytest.mark.slow
-def test_chat_skips_a_line_that_is_not_utf8(env, tiny):
-    """A real process reading real bytes on stdin (tiny model for speed)."""
-    _, _, tok_path = tiny
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            DRIVER,
-            str(tok_path),
-            "chat",
-            "--max-new-tokens",
-            "2",
-        ],
-        input=b"Hello\n\xff\xfe broken \xe4\xbd\nAgain\n/history\n",
-        capture_output=True,
-        env=env,
-        timeout=300,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    out, err = proc.stdout.decode(), proc.stderr.decode()
-    assert proc.returncode == 0, err
-    assert "Traceback" not in err
-    bad = [line for line in err.splitlines() if "not UTF-8" in line]
-    assert len(bad) == 1 and bad[0].startswith("qwen3-chat: ")
-    assert out.count("Assistant: ") == 2
-    assert "user: Hello" in out and "user: Again" in out
-    assert "[history: 4 messages" in out
-
-
 def test_download_error_prints_its_whole_message(monkeypatch, capsys, tmp_path):
     from utils import download
 

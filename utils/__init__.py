@@ -20,6 +20,7 @@ commands. It never imports room 2 at module level.
     streaming      the one text-streaming loop behind the CLI and the panel
     qwen3_tokenizer  the exact Qwen3 tokenizer rebuilt offline; token-id constants
     fileio, errors   write-then-rename files; the commands' one error style
+    stdio          the commands' streams: UTF-8 to files and pipes, input checked
     cli            the qwen3-generate and qwen3-chat commands
     benchmark      Table 2.1 runner: `python -m utils.benchmark`
     hf_interop     official Qwen3 safetensors <-> the book's model; import-qwen3

@@ -73,6 +73,7 @@ from utils.errors import (
 )
 from utils.log import get_logger
 from utils.outputs import check_output_path, plot_format
+from utils.stdio import utf8_streams
 
 
 @dataclass(frozen=True)
@@ -649,6 +650,7 @@ def _report(rows: list[dict[str, Any]], args) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit code (2 after one line for
     bad arguments or unusable files, never a traceback)."""
+    utf8_streams()  # output in UTF-8 to files and pipes (utils.stdio)
     return run_command(PROG, lambda: _main(argv))
 
 

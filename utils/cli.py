@@ -11,9 +11,11 @@ adds its list of sources and what to try), exit status 2 for what the user
 can fix, never a traceback; a closed stdin or stdout is named up front, and
 a reader that stops early (`| head`) ends the command quietly. Progress and
 diagnostics go through the `utils` logger (stderr); the statistics and the
-chat's own lines are the command's output on stderr. In the chat, a line
-that cannot be read or encoded is reported and skipped; the conversation
-goes on.
+chat's own lines are the command's output on stderr. Output to a file or a
+pipe is UTF-8 whatever the locale's code page (`utils.stdio`). In the
+chat, a typed line that cannot be read or encoded is reported and skipped;
+the conversation goes on. Input from a file or a pipe that is not UTF-8
+ends the chat with one line naming the byte and the fix.
 
     python -m utils.cli generate --prompt "Explain large language models."
     python -m utils.cli chat --think
@@ -39,6 +41,7 @@ from utils.errors import (
 )
 from utils.log import get_logger
 from utils.qwen3_tokenizer import IM_END_ID
+from utils.stdio import InputEncodingError, check_input_file, decode_input, utf8_streams
 
 LOG_NAME = "utils.cli"  # not __name__, which is "__main__" under python -m
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -342,7 +345,8 @@ def _write_stdout(text: str) -> None:
 
 
 def generate_main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `qwen3-generate`."""
+    """Entry point of `qwen3-generate` (output in UTF-8: `utils.stdio`)."""
+    utf8_streams()
     return run_command("qwen3-generate", lambda: _generate(argv))
 
 
@@ -481,7 +485,10 @@ class BadLine(Exception):
 
 def _read_line(stdin: TextIO, prompt: str) -> str | None:
     """One line from stdin (None at end of input); prompts only on a tty.
-    Raises BadLine for bytes that are not UTF-8 (the next line reads fine)."""
+    On a tty, raises BadLine for bytes the terminal's encoding cannot read
+    (the reader types the line again). A file or pipe is read as UTF-8 (or
+    PYTHONIOENCODING's encoding; `utils.stdio`): one that is not text ends
+    the chat with one `UsageError` line, a file before its first answer."""
     if stdin.isatty():
         try:
             return input(prompt)
@@ -493,20 +500,22 @@ def _read_line(stdin: TextIO, prompt: str) -> str | None:
     if raw is None:  # a text-only stream (tests): already decoded
         line = stdin.readline()
         return None if line == "" else line.rstrip("\r\n")
-    data = raw.readline()
-    if data == b"":
-        return None
     try:
-        return data.decode("utf-8").rstrip("\r\n")
-    except UnicodeDecodeError as exc:
-        raise BadLine(_bad_bytes(exc)) from None
+        if raw.seekable() and raw.tell() == 0:
+            check_input_file(raw)  # all of a redirected file, before answering
+        data = raw.readline()
+        return None if data == b"" else decode_input(data).rstrip("\r\n")
+    except InputEncodingError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _bad_bytes(exc: UnicodeDecodeError) -> str:
+    """The line for a typed line the terminal's encoding cannot read."""
     bad = exc.object[exc.start : exc.end]
     return (
-        f"that line is not UTF-8 text (bytes {bad!r} at position {exc.start}); "
-        "it was skipped. Set the terminal to UTF-8 and type it again."
+        f"that line is not {exc.encoding} text (bytes {bad!r} at position "
+        f"{exc.start}); it was skipped. Set the terminal to UTF-8 and type it "
+        "again."
     )
 
 
@@ -606,7 +615,8 @@ def _answer(session: ChatSession, message: str) -> None:
 
 
 def chat_main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `qwen3-chat`."""
+    """Entry point of `qwen3-chat` (output in UTF-8: `utils.stdio`)."""
+    utf8_streams()
     return run_command("qwen3-chat", lambda: _chat(argv))
 
 

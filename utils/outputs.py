@@ -4,7 +4,9 @@ Checked before minutes of work, so a bad path never costs a whole run:
 `check_output_path` says in one line why a path cannot take the output,
 after a real probe of its folder (a temporary file made and removed: the
 permission bits say "writable" for root in /proc, and nothing there can be
-created). `write_output` then writes:
+created; one block written, so a full disk is said too). `write_output`
+then writes (and a write that fails, on a disk that filled up meanwhile,
+is one line naming the flag and the file):
 
 * through to a character device or a FIFO the reader named, directly or by a
   symbolic link (`--json /dev/stdout`, a link to `/proc/self/fd/1`, a named
@@ -16,14 +18,24 @@ created). `write_output` then writes:
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
 from pathlib import Path
 
+from utils.errors import UsageError
 from utils.fileio import atomic_write_bytes
 
 _PLOT_DEFAULT_FORMAT = "png"
+_PROBE_BYTES = 4096  # one block: what a full disk refuses
+_HINT = "name a file in a folder you can write to"
+_HINTS = {
+    errno.ENOSPC: "free some space there or name a file on another disk",
+    getattr(errno, "EDQUOT", errno.ENOSPC): "free some of your disk quota "
+    "or name a file on another disk",
+    errno.EROFS: "name a file on a disk that is not read-only",
+}
 
 
 def _kind(path: Path, flag: str) -> str:
@@ -59,22 +71,27 @@ def _kind(path: Path, flag: str) -> str:
 
 
 def _probe_folder(path: Path, flag: str) -> None:
-    """Make and remove a temporary file in the nearest existing folder of
-    `path` (the folders below it are made when the file is written)."""
+    """Make, fill with one block and remove a temporary file in the nearest
+    existing folder of `path` (the folders below it are made when the file
+    is written): a read-only folder and a full disk are said before a run."""
     folder = path.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
         raise ValueError(f"{flag} {path}: {folder} is a file, not a folder")
-    try:
+    name = None
+    try:  # a full disk still makes an empty file: write a block too
         fd, name = tempfile.mkstemp(dir=folder, prefix=".probe-", suffix=".tmp")
+        with os.fdopen(fd, "wb") as probe:
+            probe.write(bytes(_PROBE_BYTES))
     except OSError as exc:
         raise ValueError(
             f"{flag} {path}: cannot write into {folder} ({exc.strerror}); "
-            "name a file in a folder you can write to"
+            f"{_HINTS.get(exc.errno, _HINT)}"
         ) from None
-    os.close(fd)
-    os.unlink(name)
+    finally:
+        if name is not None:
+            os.unlink(name)
 
 
 def _probe_device(path: Path, flag: str) -> None:
@@ -123,10 +140,25 @@ def plot_format(path: str | os.PathLike, flag: str = "--plot") -> str:
 
 def write_output(path: str | os.PathLike, data: bytes, flag: str = "output") -> Path:
     """Write `data` through to a device or FIFO, or replace a regular file
-    atomically; refuse any other kind of path (see the module docstring)."""
+    atomically; refuse any other kind of path (see the module docstring). A
+    failed write (a full disk) is one `UsageError` line naming `flag` and
+    the file."""
     path = Path(path)
-    if _kind(path, flag) == "file":
-        return atomic_write_bytes(path, data)
+    try:
+        if _kind(path, flag) == "file":
+            return atomic_write_bytes(path, data)
+        _write_through(path, data)
+    except OSError as exc:
+        raise UsageError(
+            f"{flag} {path}: could not write it ({exc.strerror or exc}); "
+            f"{_HINTS.get(exc.errno, _HINT)}, then run again (a file there is "
+            "left as it was)"
+        ) from None
+    return path
+
+
+def _write_through(path: Path, data: bytes) -> None:
+    """Write `data` to the device or FIFO at `path` (no rename)."""
     fd = os.open(path, os.O_WRONLY | os.O_NOCTTY)
     try:
         view = memoryview(data)
@@ -134,4 +166,3 @@ def write_output(path: str | os.PathLike, data: bytes, flag: str = "output") -> 
             view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
-    return path

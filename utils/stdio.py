@@ -81,9 +81,11 @@ def input_encoding() -> str:
     named = _named_encoding()
     if named is not None:
         try:
-            return codecs.lookup(named).name
+            name = codecs.lookup(named).name
         except LookupError:
-            pass  # Python itself refuses to start with an unknown one
+            name = "utf-8"  # Python itself refuses to start with an unknown one
+        if name != "utf-8":
+            return name
     return "utf-8-sig"
 
 
@@ -106,7 +108,7 @@ def _error(exc: UnicodeDecodeError, encoding: str, place: str) -> InputEncodingE
     """One line: which byte is not text, where (`place`), and what to do."""
     byte = exc.object[exc.start : exc.start + 1].hex()
     encoding = encoding.removesuffix("-sig")
-    if _named_encoding() is not None:
+    if encoding != "utf-8":  # only PYTHONIOENCODING asks for another
         return InputEncodingError(
             f"standard input is not {encoding} text, the encoding PYTHONIOENCODING "
             f"names (byte 0x{byte} at {place}); save it in that encoding, or "
