@@ -998,3 +998,16 @@ def test_runs_drop_the_no_cuda_runtime_line_and_only_it(monkeypatch):
     finally:
         logger.removeHandler(handler)
     assert seen == ["another warning", "No CUDA runtime is found, after the run"]
+
+
+def test_a_phase_cut_short_says_stopped_not_done(capsys):
+    def interrupted():
+        yield 1
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        benchmark_modes.time_stream(
+            interrupted, torch.device("cpu"), progress="kv_cache: warm-up", total=5
+        )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("utils.benchmark: kv_cache: warm-up: stopped, 1 tokens")

@@ -174,7 +174,9 @@ class _Progress:
         if self.bar is not None:
             self.bar.update(1)
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
+        """Stop the bar or say how it ended: "done", or "stopped" when the
+        phase ended early (Ctrl-C, an error)."""
         self._stop.set()
         self._beat.join()
         if self.bar is not None:
@@ -182,7 +184,8 @@ class _Progress:
         else:
             took = time.perf_counter() - self.start
             get_logger(LOG_NAME).info(
-                f"{self.desc}: done, {self.count} tokens in {took:.1f} s"
+                f"{self.desc}: {'done' if finished else 'stopped'}, "
+                f"{self.count} tokens in {took:.1f} s"
             )
 
 
@@ -199,6 +202,7 @@ def time_stream(
     start = time.perf_counter()
     first = None
     n = 0
+    finished = False
     try:
         for tok in stream():
             if first is None:
@@ -209,9 +213,10 @@ def time_stream(
             if bar is not None:
                 bar.update()
         synchronize(device)
+        finished = True
     finally:
         if bar is not None:
-            bar.close()
+            bar.close(finished)
     end = time.perf_counter()
     first = end if first is None else first
     return {"ttft_s": first - start, "total_s": end - start, "tokens": n}
