@@ -68,10 +68,11 @@ from utils.benchmark_report import (
     describe_choice,
     describe_kernels,
     describe_noise,
+    finished_line,
     format_details,
     format_table,
     plot_results,
-    spread_text,
+    progress_line,
     write_csv,
     write_json,
 )
@@ -377,34 +378,6 @@ def _tokenizer_file(out_dir: str | os.PathLike) -> Path:
         ).tokenizer
 
 
-def progress_line(done: int, total: int, name: str, elapsed_s: float) -> str:
-    """ "mode 3 of 6: fast_int8", and once a mode has finished, the time left
-    estimated from the modes so far (their mean time, times the modes left)."""
-    text = f"mode {done + 1} of {total}: {name}"
-    if done:
-        left = elapsed_s / done * (total - done)
-        text += (
-            f" (about {_duration(left)} left, estimated from the "
-            f"{done} mode{'s' if done > 1 else ''} so far)"
-        )
-    return text
-
-
-def _duration(seconds_: float) -> str:
-    if seconds_ < 90:
-        return f"{max(seconds_, 1):.0f} s"
-    return f"{seconds_ / 60:.0f} min"
-
-
-def _finished_line(row: Mapping[str, Any]) -> str:
-    return (
-        f"{row['mode']}: {row['tokens_per_sec']:.2f} tok/s ({spread_text(row)}), "
-        f"first token after {row['ttft_s']:.2f} s, weights read at "
-        f"{row['weight_read_gbps']:.1f} GB/s (memory read speed around it "
-        f"{row['machine_read_gbps']:.1f} GB/s), warm-up {row['warmup_s']:.1f} s"
-    )
-
-
 @dataclass
 class _Run:
     """One benchmark run: the loaded model, the prompt and the settings
@@ -448,7 +421,7 @@ class _Run:
                 row["machine_read_gbps"] = max(before, after) / 1e9
                 before = after
                 rows.append(row)
-                self.log(_finished_line(row))
+                self.log(finished_line(row))
         except KeyboardInterrupt:
             _add_shares(rows)
             _add_ratios(rows)
