@@ -110,9 +110,10 @@ def test_paired_share_needs_three_steps(monkeypatch):
 
 
 def test_time_beside_sum_times_the_step_then_the_sum(monkeypatch):
-    """The step is timed alone, then the sum over the buffer alone: each
-    takes at least its own sleep (no upper bounds: a busy machine makes
-    any time longer), in that order, on that buffer."""
+    """The step is timed alone, then the sum over the buffer alone: in that
+    order, on that buffer, each at least its own sleep and the step's time
+    without the sum's (no fixed upper bound: a busy machine makes any time
+    longer)."""
     import time
 
     calls = []
