@@ -109,11 +109,29 @@ def test_paired_share_needs_three_steps(monkeypatch):
     )
 
 
-def test_time_beside_sum_times_the_step_then_the_sum():
+def test_time_beside_sum_times_the_step_then_the_sum(monkeypatch):
+    """The step is timed alone, then the sum over the buffer alone: in that
+    order, on that buffer, each at least its own sleep and the step's time
+    without the sum's (no fixed upper bound: a busy machine makes any time
+    longer)."""
     import time
 
-    buffer = torch.ones(1 << 20)
+    calls = []
+    real_sum = torch.sum
+
+    def slow_sum(t, *args, **kwargs):
+        calls.append(("sum", t.numel()))
+        time.sleep(0.3)
+        return real_sum(t, *args, **kwargs)
+
+    def step():
+        calls.append(("step", None))
+        time.sleep(0.05)
+
+    monkeypatch.setattr(torch, "sum", slow_sum)
     step_s, sum_s = bandwidth.time_beside_sum(
-        lambda: time.sleep(0.05), buffer, torch.device("cpu")
+        step, torch.ones(1 << 20), torch.device("cpu")
     )
-    assert step_s >= 0.05 and 0 < sum_s < 0.05
+    assert calls == [("step", None), ("sum", 1 << 20)]
+    assert step_s >= 0.05 and sum_s >= 0.3
+    assert step_s < sum_s  # the sum is not counted in the step

@@ -141,34 +141,66 @@ def test_hf_static_without_transformers_is_skipped_in_one_line(monkeypatch, caps
     rows = tiny_run(["kv_cache", "hf_static"], quiet=False)
     assert [r["mode"] for r in rows] == ["kv_cache"]
     captured = capsys.readouterr()
-    skipped = [line for line in captured.err.splitlines() if "hf_static" in line]
+    skipped = [line for line in captured.err.splitlines() if "skipped" in line]
     assert skipped == [  # through the utils logger
         "utils.benchmark: hf_static: skipped, transformers is not installed "
         "(pip install transformers)"
     ]
     assert "utils.benchmark: kv_cache: warm-up" in captured.err  # the progress
     table = benchmark.format_table(rows)
-    assert "| kv_cache |" in table and "hf_static" not in table
+    assert _table_rows(table)[0][0] == "kv_cache" and "hf_static" not in table
 
 
-def test_default_modes_leave_out_the_slow_ones_on_cpu():
+def _table_rows(text: str) -> list[list[str]]:
+    """The short table's body in `text`: each row's cells (split at 2+
+    spaces), the lines under the header that start with a mode's name."""
+    import re
+
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("mode "))
+    cells = [re.split(r"\s{2,}", line.strip()) for line in lines[start + 1 :]]
+    return [c for c in cells if c[0] in benchmark.ALL_MODES]
+
+
+def test_default_modes_leave_out_the_slow_and_the_compiled_ones_on_cpu(capsys):
     cpu = benchmark.default_modes(torch.device("cpu"))
     assert "regular" not in cpu and "regular_compiled" not in cpu
-    assert {"kv_cache", "kv_cache_compiled", "optimized", "fast_int8"} <= set(cpu)
+    assert {"kv_cache", "optimized", "fast", "fast_native", "hf_static"} <= set(cpu)
+    compiled = [m.name for m in benchmark.MODES if m.compiled]
+    assert len(compiled) >= 5 and not set(compiled) & set(cpu)
     gpu = benchmark.default_modes(torch.device("cuda"))
     assert "regular" in gpu and "fast_int8" not in gpu
+    assert {"kv_cache_compiled", "fast_compiled"} <= set(gpu)
     assert benchmark._check_modes(["all"]) == list(benchmark.ALL_MODES)
+    # the run says what it left out and how to ask for it
+    assert benchmark._modes_for(torch.device("cpu"), None, quiet=False) == cpu
+    err = capsys.readouterr().err
+    assert "kv_cache_compiled" in err and "--modes all" in err
 
 
 def test_table_json_csv_and_plot(rows, tmp_path):
     table = benchmark.format_table(rows)
     lines = table.splitlines()
-    assert lines[0].startswith("| Mode |") and len(lines) == 2 + len(rows)
-    assert all(f"| {m} |" in table for m in MODES)
-    assert "1.00x" in table and "To token 6" in lines[0]
-    assert all(line.count("|") == 11 for line in lines)
+    header = lines[lines.index("") + 1 :][:2]
+    assert header[0].split() == ["decode", "time", "to", "peak", "vs", "book's",
+                                 "spread"]  # fmt: skip
+    assert header[1].split() == ["mode", "tok/s", "first", "token", "memory", "KV",
+                                 "cache", "of", "runs"]  # fmt: skip
+    cells = _table_rows(table)
+    assert [c[0] for c in cells] == MODES and all(len(c) == 6 for c in cells)
+    base = cells[MODES.index("kv_cache")]
+    kv = rows[MODES.index("kv_cache")]
+    assert base[4] == "1.00x" + (" noisy" if kv["noisy"] else "")
+    assert base[1] == benchmark_report.rate(kv["tokens_per_sec"])
+    assert base[2] == benchmark_report.seconds(kv["ttft_s"])
+    assert base[3] == f"{kv['peak_mem_bytes'] / 1024**3:.2f} GB"
+    assert "STAND-IN" not in table  # the tiny rows are not stand-ins
+    details = benchmark.format_details(rows).splitlines()
+    assert "To token 6" in details[0] and len(details) == 2 + len(rows)
+    assert all(line.count("|") == 8 for line in details)
+    assert "(nothing to compile)" in details[2]
     note = benchmark.describe_bandwidth(rows)
-    assert f"at {rows[0]['machine_read_gbps']:.1f} GB/s" in note
+    assert f"at the {rows[0]['machine_read_gbps']:.1f} GB/s" in note
     assert note.startswith("Memory read speed measured around each mode: ")
 
     data = json.loads(benchmark.write_json(rows, tmp_path / "r.json").read_text())
@@ -347,13 +379,17 @@ def test_each_mode_is_compared_with_the_read_speed_around_it(monkeypatch):
     # each other; the probe around the mode is kept beside it
     assert [r["best_read_gbps"] for r in rows] == [40.0, 40.0]
     assert rows[0]["bandwidth_share"] == pytest.approx(rows[0]["weight_read_gbps"] / 40)
-    table = benchmark.format_table(rows)
+    details = benchmark.format_details(rows)
     paired = rows[0]["bandwidth_share_paired"]
-    assert f"| {paired:.0%} ({rows[0]['bandwidth_share']:.0%}) |" in table
-    assert "20.0" not in benchmark.describe_bandwidth(rows)
-    assert "30.0-40.0 GB/s" in benchmark.describe_bandwidth(rows)
-    moment = f"torch.sum at {rows[0]['paired_read_gbps']:.1f} GB/s"
-    assert moment in benchmark.describe_bandwidth(rows).splitlines()[1]
+    assert f"| {paired:.0%} | {rows[0]['bandwidth_share']:.0%} |" in details
+    note = benchmark.describe_bandwidth(rows)
+    assert "20.0" not in note and "30.0-40.0 GB/s" in note
+    # each mode's note is whole: what it reads, what that allows, and its
+    # share of torch.sum's speed at the same moment, ending with a stop
+    kv = " ".join(note.split("\nfast reads")[0].splitlines()[1:]).replace("  ", " ")
+    assert kv.startswith("kv_cache reads ") and kv.endswith(" GB/s).")
+    assert f"(which read at {rows[0]['paired_read_gbps']:.1f} GB/s)" in kv
+    assert f"at {paired:.0%} of the speed of a torch.sum" in kv
 
 
 def test_a_mode_without_a_token_stream_has_no_paired_share(monkeypatch):
@@ -367,7 +403,7 @@ def test_a_mode_without_a_token_stream_has_no_paired_share(monkeypatch):
     monkeypatch.setitem(benchmark_modes.PREPARE, "hf", lambda *a: stamps)
     rows = tiny_run(["hf_static"])
     assert rows[0]["bandwidth_share_paired"] is rows[0]["paired_read_gbps"] is None
-    assert "| - (" in benchmark.format_table(rows)
+    assert "| - | " in benchmark.format_details(rows)
 
 
 # ---------------------------------------------------------------------------
@@ -430,8 +466,8 @@ def test_unusable_model_path_is_one_line(damage, tmp_path, capsys):
 
 def test_a_single_repeat_shows_no_spread():
     rows = tiny_run(["kv_cache"])  # repeats=1
-    assert " ±–" in benchmark.format_table(rows)
-    assert "±0%" not in benchmark.format_table(rows)
+    assert _table_rows(benchmark.format_table(rows))[0][5] == "1 run"
+    assert "±" not in benchmark.format_table(rows)
 
 
 def test_progress_off_a_terminal_is_one_line_per_phase(capsys, monkeypatch):
@@ -443,6 +479,8 @@ def test_progress_off_a_terminal_is_one_line_per_phase(capsys, monkeypatch):
     # each phase: one line when it starts, one when it is done
     assert len(phases) == 6, phases
     assert sum("done, 4 tokens in" in x for x in phases) == 3
+    # the compiled mode's first warm-up says it is compiling
+    assert "kv_cache_compiled: warm-up, compiling (minutes on a CPU) ..." in err
 
 
 def test_results_on_stdout_progress_and_banner_on_stderr(monkeypatch, capsys):
@@ -451,8 +489,9 @@ def test_results_on_stdout_progress_and_banner_on_stderr(monkeypatch, capsys):
     monkeypatch.setattr(benchmark, "run_benchmark", lambda **kw: rows)
     assert benchmark.main(["--modes", "kv_cache"]) == 0
     out, err = capsys.readouterr()
-    assert "| kv_cache |" in out and "STAND-IN" not in out
-    assert "STAND-IN WEIGHTS" in err and "| kv_cache |" not in err
+    assert "\nkv_cache  " in out and "STAND-IN WEIGHTS" not in out
+    assert "STAND-IN weights" in out.split("\nmode ")[0]  # the table says it
+    assert "STAND-IN WEIGHTS" in err and "\nkv_cache  " not in err
 
 
 def test_help_explains_every_option_and_the_offline_mode():
@@ -491,6 +530,8 @@ def test_the_table_names_the_kernels_each_native_mode_ran(monkeypatch, capsys):
     assert ran == {"fast": None, "fast_native": exact, "fast_native_int8": int8}
     monkeypatch.setattr(benchmark, "run_benchmark", lambda **kw: rows)
     assert benchmark.main(["--modes", ",".join(modes)]) == 0
+    assert "Kernels the native modes ran" not in capsys.readouterr().out
+    assert benchmark.main(["--modes", ",".join(modes), "--verbose"]) == 0
     out = capsys.readouterr().out
     assert (
         f"Kernels the native modes ran: fast_native: {exact}; "
@@ -650,7 +691,7 @@ def test_json_to_a_link_to_stdout_goes_to_the_pipe(rows, tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.endswith(saved.read_text())  # after the table
-    assert "| kv_cache |" in proc.stdout and link.is_symlink()
+    assert "\nkv_cache  " in proc.stdout and link.is_symlink()
 
 
 def test_a_prompt_that_is_not_utf8_is_one_line(monkeypatch, capsys):
@@ -668,3 +709,305 @@ def test_an_abbreviated_option_is_named_not_guessed(monkeypatch, capsys):
         benchmark.main(["--max-new", "5"])
     err = capsys.readouterr().err
     assert "unrecognized arguments: --max-new (did you mean --max-new-tokens?)" in err
+
+
+# ---------------------------------------------------------------------------
+# What a reader sees: six columns in 80, noisy rows flagged, stand-ins said,
+# the prefill of a synthetic prompt, progress with the time left, Ctrl-C
+# ---------------------------------------------------------------------------
+
+
+def _wide_row(mode: str, **fields) -> dict:
+    """A row as wide as rows get: a GPU's speeds, a noisy spread, a
+    synthetic prompt near the context length, stand-in weights."""
+    row = {
+        "mode": mode, "device": "cuda:0", "dtype": "bfloat16", "standin": True,
+        "prompt_tokens": 40_000, "synthetic_prompt": True, "new_tokens": 100,
+        "tokens_per_sec": 12_345.6, "tokens_per_sec_runs": [1.0, 2.0, 3.0],
+        "tokens_per_sec_spread": 1.5, "noisy": True, "ttft_s": 123.4,
+        "prefill_tokens_per_sec": 123_456.0, "peak_mem_bytes": 123 * 1024**3,
+        "ratio_vs_kv_cache": 999.9,
+    }  # fmt: skip
+    return {**row, **fields}
+
+
+def test_the_table_fits_80_columns_at_its_widest():
+    rows = [_wide_row(m) for m in benchmark.ALL_MODES]
+    text = benchmark.format_table(rows)
+    assert [line for line in text.splitlines() if len(line) > 80] == []
+    cells = _table_rows(text)
+    assert [c[0] for c in cells] == list(benchmark.ALL_MODES)
+    assert all(len(c) == 6 for c in cells), cells
+    assert cells[0][2] == "123 s (123k tok/s)"
+    assert "STAND-IN weights" in " ".join(text.split("\nmode ")[0].split())
+    note = benchmark.describe_noise(rows)
+    assert note and all(len(line) <= 80 for line in note.splitlines())
+
+
+@pytest.mark.parametrize(("spread", "noisy"), [(0.15, False), (0.35, True)])
+def test_a_spread_over_20_percent_is_flagged_beside_its_ratio(spread, noisy):
+    row = _wide_row("fast", tokens_per_sec_spread=spread, noisy=noisy,
+                    ratio_vs_kv_cache=35.52, standin=False)  # fmt: skip
+    text = benchmark.format_table([row])
+    cells = _table_rows(text)[0]
+    assert cells[4:] == ["35.5x" + (" noisy" if noisy else ""), f"±{spread:.0%}"]
+    assert ("noisy" in text) == noisy and "STAND-IN" not in text
+    assert (benchmark.describe_noise([row]) is not None) == noisy
+
+
+def test_rows_say_whether_they_are_noisy(rows):
+    for r in rows:
+        assert r["noisy"] == (r["tokens_per_sec_spread"] > benchmark.NOISY)
+
+
+def test_a_synthetic_prompt_repeats_the_prompts_tokens():
+    assert benchmark.synthetic_prompt(PROMPT, 12).tolist() == [
+        [3, 1, 4, 1, 5, 3, 1, 4, 1, 5, 3, 1]
+    ]
+    assert benchmark.synthetic_prompt(PROMPT, 3).tolist() == [[3, 1, 4]]
+
+
+def test_prompt_tokens_give_the_prefill_speed_in_the_table():
+    rows = tiny_run(["kv_cache", "fast"], prompt_tokens=12)
+    for r in rows:
+        assert r["prompt_tokens"] == 12 and r["synthetic_prompt"]
+        assert r["prefill_tokens_per_sec"] == pytest.approx(12 / r["ttft_s"])
+    table = benchmark.format_table(rows)
+    assert "token (prefill)" in table
+    assert "synthetic prompt of 12 tokens" in " ".join(table.split())
+    first = benchmark_report.seconds(rows[0]["ttft_s"])
+    prefill = f"{rows[0]['prefill_tokens_per_sec']:.0f} tok/s"
+    assert _table_rows(table)[0][2] == f"{first} ({prefill})"
+    # a text prompt of a few tokens: time to first token alone
+    plain = tiny_run(["kv_cache"])
+    assert not plain[0]["synthetic_prompt"] and plain[0]["prompt_tokens"] == 5
+    assert "prefill" not in benchmark.format_table(plain)
+
+
+def test_prompt_tokens_beyond_the_context_length_are_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(benchmark, "run_benchmark", _no_run)
+    for n, why in (
+        ("40900", "context length of 40,960 tokens; use at most 40,860 prompt tokens"),
+        ("0", "--prompt-tokens must be at least 1"),
+    ):
+        assert benchmark.main(["--prompt-tokens", n]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and why in err[0], err
+    # the library checks the loaded model's own context length
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="context length of 256 tokens"):
+        tiny_run(["kv_cache"], prompt_tokens=254)
+
+
+def test_progress_names_the_mode_its_number_and_the_time_left(capsys):
+    tiny_run(["kv_cache", "fast", "optimized"], quiet=False)
+    err = capsys.readouterr().err.splitlines()
+    marks = [line.split(": ", 1)[1] for line in err if ": mode " in line]
+    assert len(marks) == 3 and marks[0] == "mode 1 of 3: kv_cache"
+    assert marks[1].startswith("mode 2 of 3: fast (about ")
+    assert marks[1].endswith(" left, estimated from the 1 mode so far)")
+    assert marks[2].endswith(" left, estimated from the 2 modes so far)")
+
+
+def test_the_time_left_is_the_mean_time_of_the_modes_so_far_times_those_left():
+    line = benchmark.progress_line(2, 6, "fast_int8", 240.0)
+    assert line == (
+        "mode 3 of 6: fast_int8 (about 8 min left, estimated from the 2 modes so far)"
+    )
+    assert "(about 40 s left, " in benchmark.progress_line(1, 3, "fast", 20.0)
+
+
+def test_a_long_phase_off_a_terminal_says_it_is_still_running(monkeypatch, capsys):
+    import time
+
+    monkeypatch.setattr(benchmark_modes, "HEARTBEAT_S", 0.05)
+
+    def slow_first_token():
+        time.sleep(0.5)  # a compile: no token for a while
+        yield 1
+        yield 2
+
+    desc = "fast_compiled: warm-up, compiling (minutes on a CPU)"
+    got = benchmark_modes.time_stream(
+        slow_first_token, torch.device("cpu"), progress=desc, total=2
+    )
+    assert got["tokens"] == 2
+    err = capsys.readouterr().err
+    assert f"{desc}: still running, 0 tokens after 0 s" in err
+    assert err.strip().endswith("done, 2 tokens in 0.5 s")
+
+
+def _interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+def _tiny_command(monkeypatch) -> None:
+    """benchmark.main runs on the tiny model (float32, 4 MiB probe)."""
+    import functools
+
+    tiny = functools.partial(benchmark.run_benchmark, cfg=TINY, state_dict=SD,
+                             token_ids=PROMPT, bandwidth_bytes=1 << 22)  # fmt: skip
+    monkeypatch.setattr(benchmark, "run_benchmark", tiny)
+
+
+TINY_ARGS = ["--dtype", "float32", "--max-new-tokens", "3", "--repeats", "1"]
+
+
+def test_ctrl_c_prints_and_saves_the_modes_that_finished(monkeypatch, tmp_path, capsys):
+    _tiny_command(monkeypatch)
+    monkeypatch.setitem(benchmark_modes.PREPARE, "hf", _interrupt)  # mode 3
+    files = ["--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv")]
+    modes = ["--modes", "kv_cache,fast,hf_static,optimized"]
+    assert benchmark.main([*modes, *TINY_ARGS, *files]) == 130
+    out, err = capsys.readouterr()
+    cells = _table_rows(out)
+    assert [c[0] for c in cells] == ["kv_cache", "fast"] and cells[0][4] == "1.00x"
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert [d["mode"] for d in data] == ["kv_cache", "fast"]
+    with open(tmp_path / "r.csv", newline="") as f:
+        assert [g["mode"] for g in csv.DictReader(f)] == ["kv_cache", "fast"]
+    last = err.strip().splitlines()[-1]
+    assert last == (
+        "python -m utils.benchmark: interrupted after 2 of 4 modes; the table "
+        "above has the ones that finished"
+    )
+    assert "Traceback" not in err
+
+
+def test_ctrl_c_before_any_mode_finished_writes_nothing(monkeypatch, tmp_path, capsys):
+    _tiny_command(monkeypatch)
+    monkeypatch.setitem(benchmark_modes.PREPARE, "book", _interrupt)
+    args = ["--modes", "kv_cache", *TINY_ARGS, "--json", str(tmp_path / "r.json")]
+    assert benchmark.main(args) == 130
+    out, err = capsys.readouterr()
+    assert out == "" and list(tmp_path.iterdir()) == []
+    assert err.strip().endswith("interrupted after 0 of 1 modes")
+
+
+SIGINT_DRIVER = r"""
+import functools, sys, time
+import torch
+from tests.tiny import tiny_config
+from utils import benchmark, benchmark_modes
+from utils.standin import standin_state_dict
+
+tiny = tiny_config(vocab_size=500)
+benchmark.run_benchmark = functools.partial(
+    benchmark.run_benchmark, cfg=tiny, state_dict=standin_state_dict(tiny, 0),
+    token_ids=torch.tensor([[3, 1, 4]]), bandwidth_bytes=1 << 22)
+
+def wait_for_ctrl_c(*args):
+    print("READY", file=sys.stderr, flush=True)
+    time.sleep(120)
+
+benchmark_modes.PREPARE["hf"] = wait_for_ctrl_c
+sys.exit(benchmark.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # a subprocess
+def test_sigint_in_a_real_process_prints_the_finished_modes(tmp_path):
+    import signal
+
+    json_path = str(tmp_path / "r.json")
+    args = ["--modes", "kv_cache,hf_static", *TINY_ARGS, "--json", json_path]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGINT_DRIVER, *args], cwd=REPO, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    err = []
+    for line in proc.stderr:
+        err.append(line)
+        if line.strip() == "READY":
+            break
+    proc.send_signal(signal.SIGINT)
+    out, rest = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(err) + rest
+    assert [c[0] for c in _table_rows(out)] == ["kv_cache"]
+    assert "interrupted after 1 of 2 modes" in rest
+    assert [d["mode"] for d in json.loads((tmp_path / "r.json").read_text())] == [
+        "kv_cache"
+    ]
+
+
+def test_the_default_output_fits_80_columns_and_verbose_adds_the_rest(
+    rows, monkeypatch, capsys
+):
+    monkeypatch.setattr(benchmark, "run_benchmark", lambda **kw: rows)
+    assert benchmark.main([]) == 0
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if len(line) > 80] == []
+    assert "Share of torch.sum" not in out and "Memory read speed" not in out
+    assert "--verbose" in out
+    assert benchmark.main(["--verbose"]) == 0
+    verbose = capsys.readouterr().out
+    assert verbose.startswith(out.split("More columns")[0])  # the same table first
+    assert "Share of torch.sum's read speed, same moment" in verbose
+    assert "Warm-up (s): cold / from the compile cache" in verbose
+    assert "Memory read speed measured around each mode" in verbose
+
+
+CUDA_PROBE = r"""
+import sys
+from utils.benchmark_modes import no_cuda_probe_line
+
+if sys.argv[1] == "quiet":
+    with no_cuda_probe_line():
+        import torch.utils.cpp_extension
+else:
+    import torch.utils.cpp_extension
+"""
+
+
+@pytest.mark.slow  # two subprocesses
+def test_the_no_cuda_runtime_line_is_not_printed(tmp_path):
+    """torch.utils.cpp_extension (inductor imports it on a CPU's first
+    compile) warns "No CUDA runtime is found" on import where a CUDA home
+    exists without a runtime; the benchmark's runs drop that line."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA runtime is here: torch does not print the line")
+    env = {**os.environ, "CUDA_HOME": str(tmp_path)}  # a CUDA home, no runtime
+    said = {}
+    for how in ("loud", "quiet"):
+        said[how] = subprocess.run(
+            [sys.executable, "-c", CUDA_PROBE, how], cwd=REPO, env=env,
+            capture_output=True, text=True, timeout=300,
+        ).stderr  # fmt: skip
+    assert "No CUDA runtime is found" in said["loud"]  # the case is real
+    assert "No CUDA runtime" not in said["quiet"], said["quiet"]
+
+
+def test_runs_drop_the_no_cuda_runtime_line_and_only_it(monkeypatch):
+    import logging
+
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    logger.addHandler(handler)
+
+    def all_modes(self, *args):
+        logger.warning("No CUDA runtime is found, using CUDA_HOME='%s'", "/usr/local")
+        logger.warning("another warning")
+        return []
+
+    monkeypatch.setattr(benchmark._Run, "all", all_modes)
+    try:
+        tiny_run(["kv_cache"])
+        logger.warning("No CUDA runtime is found, after the run")
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ["another warning", "No CUDA runtime is found, after the run"]
+
+
+def test_a_phase_cut_short_says_stopped_not_done(capsys):
+    def interrupted():
+        yield 1
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        benchmark_modes.time_stream(
+            interrupted, torch.device("cpu"), progress="kv_cache: warm-up", total=5
+        )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("utils.benchmark: kv_cache: warm-up: stopped, 1 tokens")

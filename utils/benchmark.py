@@ -11,12 +11,15 @@ are the entries of `MODES`: the book's four (`regular`, `regular_compiled`,
 `utils.compile.book_compile`), the book package's `qwen3_optimized`, the fast
 path of `utils.fast` (eager, compiled, block-compiled, int8, native) and
 Hugging Face `transformers` with a static cache. On a CPU the uncached book
-modes run only when asked for (minutes at 100 tokens).
+modes (minutes at 100 tokens) and the compiled ones (minutes of compiling
+each) run only when named: the default set then takes a few minutes.
 
 Each mode runs once as warm-up (compiled modes into an empty compile cache,
 then once more from that cache), then `repeats` timed runs whose medians are
 reported. Decode speed counts the tokens after the first over the time after
-the first, so the prompt is not mixed in (that is the time to first token).
+the first, so the prompt is not mixed in (that is the time to first token;
+`prompt_tokens=N` makes a synthetic prompt of N tokens, and the prefill's
+tokens/sec is N over that time).
 Next to each mode the machine's memory read speed is probed (`torch.sum` over
 ~1 GiB, just before and after), so the GB/s a mode's weight reads reach can be
 compared with what the memory gives. Two shares: against the best probe of the
@@ -25,6 +28,10 @@ bytes timed right after each token of one more generation (the same moment:
 a shared machine's memory can change speed within a second, so a median over
 seconds is not comparable with a probe's best 30 ms). The row fields are
 listed in `utils.benchmark_report.ROW_FIELDS`; the README explains them.
+
+Progress goes to stderr: "mode 3 of 6" with an estimate of the time left.
+Ctrl-C ends the run with `BenchmarkInterrupted`, which carries the rows of
+the modes that finished (the command prints and saves them, exit 130).
 """
 
 from __future__ import annotations
@@ -50,17 +57,22 @@ from utils.benchmark_modes import (
     Prepared,
     forget_compiled_code,
     fresh_compile_cache,
+    no_cuda_probe_line,
     own_tensor_bytes,
     shared_weight_bytes,
     time_stream,
 )
 from utils.benchmark_report import (
+    NOISY,
     describe_bandwidth,
     describe_choice,
     describe_kernels,
+    describe_noise,
+    finished_line,
+    format_details,
     format_table,
-    num,
     plot_results,
+    progress_line,
     write_csv,
     write_json,
 )
@@ -88,7 +100,7 @@ class Mode:
     cache: bool = True  # the book's modes: with its KVCache
     int8: bool = False
     cpu_only: bool = False  # its kernels exist on CPUs only
-    slow_on_cpu: bool = False  # minutes at 100 tokens: run only when asked
+    slow_on_cpu: bool = False  # minutes at 100 tokens: run only when named
     by_default: bool = True  # run when no modes are named
 
 
@@ -134,10 +146,27 @@ DTYPES = {
 
 def default_modes(device: torch.device) -> list[str]:
     """The modes run when none are named: int8 and native only on CPU, where
-    their kernels exist; the uncached book modes everywhere but on a CPU."""
+    their kernels exist; the uncached and the compiled modes everywhere but
+    on a CPU, where each takes minutes (running or compiling), so the
+    default set finishes in a few minutes on a 2-core laptop."""
     if device.type == "cpu":
-        return [m.name for m in MODES if m.by_default and not m.slow_on_cpu]
+        return [m.name for m in MODES if m.by_default and not opt_in_on_cpu(m)]
     return [m.name for m in MODES if m.by_default and not m.cpu_only]
+
+
+def opt_in_on_cpu(mode: Mode) -> bool:
+    """Whether a CPU runs `mode` only when it is named: minutes to run at
+    100 tokens (no cache) or minutes to compile."""
+    return mode.slow_on_cpu or mode.compiled
+
+
+class BenchmarkInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a benchmark run: `rows` holds the modes that finished
+    (with their ratios), `total` the number of modes asked for."""
+
+    def __init__(self, rows: list[dict[str, Any]], total: int) -> None:
+        super().__init__(f"interrupted after {len(rows)} of {total} modes")
+        self.rows, self.total = rows, total
 
 
 # ---------------------------------------------------------------------------
@@ -201,7 +230,7 @@ def _check_modes(modes: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(modes))
 
 
-def _check_arguments(dtype, max_new_tokens, repeats) -> torch.dtype:
+def _check_arguments(dtype, max_new_tokens, repeats, prompt_tokens) -> torch.dtype:
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -212,6 +241,14 @@ def _check_arguments(dtype, max_new_tokens, repeats) -> torch.dtype:
         raise ValueError("max_new_tokens must be >= 2 to measure a decode rate")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    if prompt_tokens is not None and (
+        isinstance(prompt_tokens, bool)
+        or not isinstance(prompt_tokens, int)
+        or prompt_tokens < 1
+    ):
+        raise ValueError(
+            f"prompt_tokens must be a positive integer, got {prompt_tokens!r}"
+        )
     return dtype
 
 
@@ -225,6 +262,7 @@ def run_benchmark(
     prompt: str = DEFAULT_PROMPT,
     out_dir: str | os.PathLike = "qwen3",
     *,
+    prompt_tokens: int | None = None,
     cfg: Mapping[str, Any] | None = None,
     state_dict: Mapping[str, torch.Tensor] | None = None,
     token_ids: torch.Tensor | None = None,
@@ -236,33 +274,65 @@ def run_benchmark(
     return one dict per mode (fields: benchmark_report.ROW_FIELDS).
 
     Weights come from `download_qwen3_small` (stand-ins offline), `model_path`,
-    or `cfg` + `state_dict` (tests); `token_ids` overrides the prompt.
-    `cold_compile=False` keeps your usual compile cache (warm-ups may be
-    shorter); `bandwidth_bytes` is the buffer size for the read-speed probe.
-    Progress goes to stderr (nothing with `quiet`).
+    or `cfg` + `state_dict` (tests); `token_ids` overrides the prompt, and
+    `prompt_tokens=N` repeats the prompt's tokens to a synthetic prompt of N
+    (for the prefill's speed at that length). `cold_compile=False` keeps your
+    usual compile cache (warm-ups may be shorter); `bandwidth_bytes` is the
+    buffer size for the read-speed probe. Progress goes to stderr (nothing
+    with `quiet`). Ctrl-C raises `BenchmarkInterrupted` with the rows of the
+    modes that finished.
     """
     from utils.device import resolve_device
     from utils.models import load_book_model
 
     dev = resolve_device(device) if isinstance(device, str) else torch.device(device)
-    dtype = _check_arguments(dtype, max_new_tokens, repeats)
+    dtype = _check_arguments(dtype, max_new_tokens, repeats, prompt_tokens)
     modes = _check_modes(_modes_for(dev, modes, quiet))
     tokenizer_path, standin = None, False
     if state_dict is None:
         state_dict, tokenizer_path, standin = _weights(model_path, out_dir)
     book = load_book_model(state_dict, dev, dtype, cfg)
+    if prompt_tokens is not None:
+        check_context(book.cfg["context_length"], prompt_tokens, max_new_tokens)
     make_resident(book)
     if token_ids is None:
         token_ids = prompt_token_ids(
             tokenizer_path or _tokenizer_file(out_dir), prompt, dev
         )
+    if prompt_tokens is not None:
+        token_ids = synthetic_prompt(token_ids, prompt_tokens)
+    check_context(book.cfg["context_length"], token_ids.shape[1], max_new_tokens)
     _check_memory(book.cfg, token_ids.shape[1], max_new_tokens, modes, dev)
-    run = _Run(book, token_ids.to(dev), max_new_tokens, repeats, dev, quiet)
-    rows = run.all(modes, cold_compile, bandwidth_bytes)
-    for row in rows:
-        row["standin"] = standin
-        row["dtype"] = str(dtype).removeprefix("torch.")
-    return rows
+    labels = {
+        "standin": standin,
+        "dtype": str(dtype).removeprefix("torch."),
+        "synthetic_prompt": prompt_tokens is not None,
+    }
+    run = _Run(book, token_ids.to(dev), max_new_tokens, repeats, dev, quiet, labels)
+    with no_cuda_probe_line():
+        return run.all(modes, cold_compile, bandwidth_bytes)
+
+
+def synthetic_prompt(token_ids: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """A prompt of exactly `num_tokens` tokens, (1, num_tokens): the ids of
+    `token_ids` (a tokenized text) repeated and cut. The same every run, made
+    of the tokenizer's ids; what it says does not change a forward's speed."""
+    if token_ids.shape[1] == 0:
+        raise ValueError("the prompt has no tokens to repeat; pass a --prompt")
+    times = -(-num_tokens // token_ids.shape[1])
+    return token_ids.repeat(1, times)[:, :num_tokens]
+
+
+def check_context(context_length: int, prompt_tokens: int, new_tokens: int) -> None:
+    """ValueError in one line when the prompt and the new tokens do not fit
+    the model's context length."""
+    if prompt_tokens + new_tokens > context_length:
+        raise ValueError(
+            f"a prompt of {prompt_tokens:,} tokens and {new_tokens:,} new "
+            f"tokens do not fit the model's context length of "
+            f"{context_length:,} tokens; use at most "
+            f"{max(context_length - new_tokens, 0):,} prompt tokens"
+        )
 
 
 def make_resident(model: torch.nn.Module) -> None:
@@ -288,13 +358,15 @@ def _check_memory(cfg, prompt_len: int, n: int, modes: list[str], dev) -> None:
 def _modes_for(dev: torch.device, modes: Sequence[str] | None, quiet: bool):
     if modes is not None:
         return modes
-    left_out = [m for m in SLOW_ON_CPU if m not in default_modes(dev)]
-    if left_out and not quiet:
+    chosen = default_modes(dev)
+    left_out = [m.name for m in MODES if m.by_default and m.name not in chosen]
+    if dev.type == "cpu" and left_out and not quiet:
         get_logger(LOG_NAME).info(
-            f"not running {', '.join(left_out)} on {dev.type}: "
-            "each takes many minutes at 100 tokens (ask with --modes all)"
+            f"on a CPU, {', '.join(left_out)} run only when named (minutes "
+            "each, compiling or without a cache): e.g. --modes "
+            "kv_cache,kv_cache_compiled, or --modes all"
         )
-    return default_modes(dev)
+    return chosen
 
 
 def _tokenizer_file(out_dir: str | os.PathLike) -> Path:
@@ -310,7 +382,8 @@ def _tokenizer_file(out_dir: str | os.PathLike) -> Path:
 @dataclass
 class _Run:
     """One benchmark run: the loaded model, the prompt and the settings
-    every mode shares; `all` times the modes one after another."""
+    every mode shares; `all` times the modes one after another. `labels`
+    go into every row (dtype, stand-in or not, synthetic prompt or not)."""
 
     book: torch.nn.Module
     token_ids: torch.Tensor
@@ -318,38 +391,42 @@ class _Run:
     repeats: int
     dev: torch.device
     quiet: bool
+    labels: dict[str, Any]
 
     def all(
         self, modes: list[str], cold_compile: bool, probe_bytes: int
     ) -> list[dict[str, Any]]:
+        """The rows of `modes`, with their shares and ratios; Ctrl-C raises
+        `BenchmarkInterrupted` with the rows of the modes that finished."""
         from utils.bandwidth import measure_read_bandwidth
 
+        start = time.perf_counter()
         first = before = measure_read_bandwidth(self.dev, probe_bytes)
         self.log(
             f"memory read speed ({self.dev.type}, torch.sum over "
             f"{probe_bytes / 1024**3:.2f} GiB): {first / 1e9:.1f} GB/s"
         )
-        rows = []
-        for name in modes:
-            # each mode compiles into its own empty cache folder (cold_compile)
-            with fresh_compile_cache(cold_compile):
-                row = self.mode(MODE_BY_NAME[name])
-            if row is None:
-                continue
-            after = measure_read_bandwidth(self.dev, probe_bytes)
-            row["run_read_gbps"] = first / 1e9
-            row["machine_read_gbps"] = max(before, after) / 1e9
-            before = after
-            rows.append(row)
-            self.log(
-                f"{name}: {row['tokens_per_sec']:.2f} tok/s, "
-                f"weights read at {row['weight_read_gbps']:.1f} GB/s (read "
-                f"speed around it {row['machine_read_gbps']:.1f} GB/s; "
-                f"{num(row['bandwidth_share_paired'], '.0%')} of torch.sum "
-                f"at the same moment, when it read at "
-                f"{num(row['paired_read_gbps'], '.1f')} GB/s), "
-                f"warm-up {row['warmup_s']:.1f} s"
-            )
+        rows: list[dict[str, Any]] = []
+        try:
+            for i, name in enumerate(modes):
+                self.log(
+                    progress_line(i, len(modes), name, time.perf_counter() - start)
+                )
+                # each mode compiles into its own empty cache folder (cold_compile)
+                with fresh_compile_cache(cold_compile):
+                    row = self.mode(MODE_BY_NAME[name])
+                if row is None:
+                    continue
+                after = measure_read_bandwidth(self.dev, probe_bytes)
+                row.update(self.labels, run_read_gbps=first / 1e9)
+                row["machine_read_gbps"] = max(before, after) / 1e9
+                before = after
+                rows.append(row)
+                self.log(finished_line(row))
+        except KeyboardInterrupt:
+            _add_shares(rows)
+            _add_ratios(rows)
+            raise BenchmarkInterrupted(rows, len(modes)) from None
         _add_shares(rows)
         _add_ratios(rows)
         return rows
@@ -461,22 +538,28 @@ def _summarise(mode, runs, warmup_s, mem, dev, token_ids) -> dict[str, Any]:
         (r["tokens"] - 1) / max(r["total_s"] - r["ttft_s"], 1e-9) for r in runs
     ]
     rate = statistics.median(decode_rates)
+    # half the range of the timed runs, relative to their median (±)
+    spread = (max(decode_rates) - min(decode_rates)) / 2 / max(rate, 1e-9)
+    ttft = statistics.median(r["ttft_s"] for r in runs)
+    prompt_tokens = int(token_ids.shape[1])
     return {
         "mode": mode,
         "device": str(dev),
         "tokens_per_sec_runs": decode_rates,
-        # half the range of the timed runs, relative to their median (±)
-        "tokens_per_sec_spread": (max(decode_rates) - min(decode_rates))
-        / 2
-        / max(rate, 1e-9),
+        "tokens_per_sec_spread": spread,
+        "noisy": spread > NOISY,
         "dtype": None,
-        "prompt_tokens": int(token_ids.shape[1]),
+        "standin": False,
+        "prompt_tokens": prompt_tokens,
+        "synthetic_prompt": False,
         "new_tokens": int(runs[0]["tokens"]),
-        "tokens_per_sec": statistics.median(decode_rates),
+        "tokens_per_sec": rate,
         "e2e_tokens_per_sec": statistics.median(
             r["tokens"] / r["total_s"] for r in runs
         ),
-        "ttft_s": statistics.median(r["ttft_s"] for r in runs),
+        "ttft_s": ttft,
+        # the prompt's tokens over the time to the first token (its prefill)
+        "prefill_tokens_per_sec": prompt_tokens / max(ttft, 1e-9),
         "warmup_s": warmup_s,
         "peak_mem_bytes": int(mem.peak),
         "process_peak_mem_bytes": int(mem.peak),
@@ -541,11 +624,21 @@ def build_parser() -> CommandParser:
         "--modes",
         default=None,
         help=f"comma-separated subset of: {', '.join(ALL_MODES)}; or all "
-        "(default: all but regular and regular_compiled on a CPU)",
+        "(default on a CPU: the modes without torch.compile, minus regular; "
+        "elsewhere: all but the CPU-only ones)",
     )
     p.add_argument(
         "--prompt", default=DEFAULT_PROMPT, type=utf8_text, help="the text to continue"
     )
+    p.add_argument(
+        "--prompt-tokens", type=int, default=None, metavar="N",
+        help="a synthetic prompt of exactly N tokens (the --prompt's tokens "
+        "repeated): the table then shows the prefill's tokens/sec",
+    )  # fmt: skip
+    p.add_argument(
+        "--verbose", action="store_true", help="also print the wide table (warm-up "
+        "cold and cached, read speed and its shares) and the notes",
+    )  # fmt: skip
     p.add_argument("--model-path", default=None, help="a book .pth file")
     p.add_argument(
         "--out-dir",
@@ -588,6 +681,13 @@ def _check_cli(args) -> list[str] | None:
         raise ValueError("--repeats must be at least 1")
     if args.threads is not None and args.threads < 1:
         raise ValueError("--threads must be at least 1")
+    if args.prompt_tokens is not None:
+        if args.prompt_tokens < 1:
+            raise ValueError("--prompt-tokens must be at least 1")
+        from utils.models import book_config
+
+        limit = book_config()["context_length"]
+        check_context(limit, args.prompt_tokens, args.max_new_tokens)
     if args.plot:
         plot_format(args.plot)
     for flag in ("json", "csv", "plot"):
@@ -601,6 +701,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
     require_streams("stdout")
     args = build_parser().parse_args(argv)
+    interrupted = None
     try:
         modes = _check_cli(args)
         if args.threads is not None:
@@ -614,25 +715,41 @@ def _main(argv: Sequence[str] | None) -> int:
             model_path=args.model_path,
             prompt=args.prompt,
             out_dir=args.out_dir,
+            prompt_tokens=args.prompt_tokens,
             cold_compile=not args.warm_cache,
         )
     except (ValueError, FileNotFoundError, DownloadError) as exc:
         raise UsageError(str(exc)) from None
-    _report(rows, args)
-    return 0
+    except BenchmarkInterrupted as exc:
+        rows, interrupted = exc.rows, exc
+    if rows:
+        _report(rows, args)
+    if interrupted is None:
+        return 0
+    print(
+        f"\n{PROG}: interrupted after {len(rows)} of {interrupted.total} modes"
+        + ("; the table above has the ones that finished" if rows else ""),
+        file=sys.stderr,
+    )
+    return 130
 
 
 def _report(rows: list[dict[str, Any]], args) -> None:
-    """The table and its notes on stdout; files written; banner on stderr."""
+    """The table and its notes on stdout (the wide table and the read-speed
+    notes with --verbose); files written; banner on stderr."""
     print()
     print(format_table(rows))
-    print(describe_bandwidth(rows))
-    choice = describe_choice(rows)
-    if choice:
-        print(choice)
-    kernels = describe_kernels(rows)
-    if kernels:
-        print(kernels)
+    for note in (describe_noise(rows), describe_choice(rows)):
+        if note:
+            print(note)
+    if args.verbose:
+        print()
+        print(format_details(rows))
+        for note in (describe_bandwidth(rows), describe_kernels(rows)):
+            if note:
+                print(note)
+    else:
+        print("More columns and notes: --verbose; every field: --json PATH.")
     log = get_logger(LOG_NAME)
     for path, writer in ((args.json, write_json), (args.csv, write_csv)):
         if path:
@@ -640,7 +757,7 @@ def _report(rows: list[dict[str, Any]], args) -> None:
     if args.plot:
         plot_results(rows, args.plot)
         log.info(f"wrote {args.plot}")
-    if rows and rows[0].get("standin"):
+    if rows[0].get("standin"):
         from utils.standin import print_standin_banner
 
         with contextlib.redirect_stdout(sys.stderr):

@@ -10,6 +10,7 @@ while it runs (peak RSS on a CPU) and counted by the tensors it holds.
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import threading
 import time
@@ -134,10 +135,15 @@ def _covered(spans: list[tuple[int, int]]) -> int:
 # ---------------------------------------------------------------------------
 
 
+HEARTBEAT_S = 60.0  # off a terminal: a "still running" line this often
+
+
 class _Progress:
-    """Counts tokens for one phase of a mode: a tqdm bar on a terminal; when
-    stderr goes to a file or a pipe, one line at the start and one at the
-    end (with the time) instead of hundreds of bar updates."""
+    """Counts tokens for one phase of a mode: a tqdm bar on a terminal
+    (redrawn every second, so its clock runs while a compile makes no
+    token); when stderr goes to a file or a pipe, one line at the start,
+    one every `HEARTBEAT_S` seconds while it runs (a compile can take
+    minutes) and one at the end, instead of hundreds of bar updates."""
 
     def __init__(self, desc: str, total: int | None) -> None:
         self.desc, self.count, self.start = desc, 0, time.perf_counter()
@@ -148,19 +154,38 @@ class _Progress:
             self.bar = tqdm(total=total, desc=desc, unit="tok", leave=False)
         else:
             get_logger(LOG_NAME).info(f"{desc} ...")
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, daemon=True)
+        self._beat.start()
+
+    def _heartbeat(self) -> None:
+        every = 1.0 if self.bar is not None else HEARTBEAT_S
+        while not self._stop.wait(every):
+            if self.bar is not None:
+                self.bar.refresh()
+                continue
+            took = time.perf_counter() - self.start
+            get_logger(LOG_NAME).info(
+                f"{self.desc}: still running, {self.count} tokens after {took:.0f} s"
+            )
 
     def update(self) -> None:
         self.count += 1
         if self.bar is not None:
             self.bar.update(1)
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
+        """Stop the bar or say how it ended: "done", or "stopped" when the
+        phase ended early (Ctrl-C, an error)."""
+        self._stop.set()
+        self._beat.join()
         if self.bar is not None:
             self.bar.close()
         else:
             took = time.perf_counter() - self.start
             get_logger(LOG_NAME).info(
-                f"{self.desc}: done, {self.count} tokens in {took:.1f} s"
+                f"{self.desc}: {'done' if finished else 'stopped'}, "
+                f"{self.count} tokens in {took:.1f} s"
             )
 
 
@@ -177,6 +202,7 @@ def time_stream(
     start = time.perf_counter()
     first = None
     n = 0
+    finished = False
     try:
         for tok in stream():
             if first is None:
@@ -187,9 +213,10 @@ def time_stream(
             if bar is not None:
                 bar.update()
         synchronize(device)
+        finished = True
     finally:
         if bar is not None:
-            bar.close()
+            bar.close(finished)
     end = time.perf_counter()
     first = end if first is None else first
     return {"ttft_s": first - start, "total_s": end - start, "tokens": n}
@@ -343,6 +370,29 @@ def forget_compiled_code() -> None:
     )
     if clear is not None:
         clear()
+
+
+class _DropCudaProbeLine(logging.Filter):
+    """Drops torch's "No CUDA runtime is found" line, and nothing else."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No CUDA runtime is found")
+
+
+@contextlib.contextmanager
+def no_cuda_probe_line() -> Iterator[None]:
+    """Silence one line: inductor's first CPU compile imports
+    `torch.utils.cpp_extension`, which on a machine with a CUDA toolkit
+    (an `nvcc` on PATH, CUDA_HOME) but no CUDA runtime warns "No CUDA
+    runtime is found" on import: about CUDA, on a run that asked for none.
+    Every other line of that logger still shows."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    drop = _DropCudaProbeLine()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 @dataclass
