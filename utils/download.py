@@ -58,6 +58,7 @@ __all__ = [
     "REPO_ID",
     "DownloadError",
     "NotAFolderError",
+    "UntrustedFolderError",
     "Qwen3Files",
     "download_qwen3_small",
     "download_timeout",
@@ -125,6 +126,11 @@ class DownloadError(RuntimeError):
 class NotAFolderError(NotADirectoryError, ValueError):
     """`out_dir` is (or lies under) a file. A ValueError too, so the
     commands report it as a usage error in one line."""
+
+
+class UntrustedFolderError(PermissionError, ValueError):
+    """Another user could replace the files in `out_dir`. A ValueError too,
+    so the commands report it as a usage error in one line."""
 
 
 def local_files(
@@ -197,6 +203,7 @@ def download_qwen3_small(
     )
     request = _Request(out, *_endpoints(backup_url), model_store.store_dir())
     try:
+        _check_trust(request)
         paths = [_provide(request, name) for name in names]
     except BaseException as exc:
         for folder in made:  # only folders this call made, if left empty
@@ -223,6 +230,32 @@ def check_folder(out: Path) -> None:
                 "files: choose another folder (out_dir, or --out-dir in the "
                 f"commands), or move {path} away"
             )
+
+
+def _check_trust(request: _Request) -> None:
+    """Refuse a folder of the caller's, and stop using the store, where
+    another user could replace the files and their records (`utils.linksafe.
+    untrusted_reason`: the folder, or one above it, is theirs or writable by
+    them). Each is made first, so a new folder under a shared sticky one such
+    as /tmp is judged as this user's own."""
+    if request.out is not None:
+        reason = _trust_reason(request.out)
+        if reason is not None:
+            raise UntrustedFolderError(
+                f"{request.out} cannot be trusted: {reason}, so another user "
+                "could replace the model files there; choose a folder of your "
+                "own (out_dir, or --out-dir in the commands)"
+            )
+    if request.store is not None:
+        reason = _trust_reason(request.store)
+        if reason is not None:
+            _leave_store(request, f"another user could replace them: {reason}")
+
+
+def _trust_reason(folder: Path) -> str | None:
+    with contextlib.suppress(OSError):  # a disk that refuses: said later
+        folder.mkdir(parents=True, exist_ok=True)
+    return linksafe.untrusted_reason(folder)
 
 
 def _endpoints(backup_url: str | None) -> tuple[str, str]:
@@ -368,7 +401,7 @@ def _leave_store(request: _Request, reason: str) -> None:
     if request.out is None:
         raise model_store.StoreUnusableError(
             f"cannot keep the model files in {store} ({reason}): set "
-            f"{model_store.STORE_ENV} to a folder you can write to, or name a "
+            f"{model_store.STORE_ENV} to a folder of your own, or name a "
             "folder of your own (out_dir, or --out-dir in the commands)"
         )
     log.warning(
