@@ -25,6 +25,7 @@ from tests.fake_hosts import (
 from tests.tiny import tiny_config
 from utils import download, download_sources, http_watch, provenance, standin
 from utils.download import KINDS, DownloadError, Qwen3Files, download_qwen3_small
+from utils.download_lock import lock_path
 from utils.provenance import is_verified
 
 TOK, MODEL = "tokenizer-base.json", "qwen3-0.6B-base.pth"
@@ -97,8 +98,8 @@ def leftovers(folder: Path) -> list[str]:
         p.name
         for p in folder.iterdir()
         if not (
-            p.name in (TOK, MODEL, download.LOCK_NAME)
-            or p.name.endswith(".verified.json")
+            p.name in (TOK, MODEL)
+            or p.name.endswith((".verified.json", ".lock"))
         )
     )
 
@@ -1229,7 +1230,7 @@ def test_a_process_waiting_on_a_failed_download_carries_on(hosts, payloads, tmp_
             _, status = os.waitpid(child.pid, os.WUNTRACED)
             assert os.WIFSTOPPED(status), status
             raise RuntimeError("holder fails")
-    assert not (out / download.LOCK_NAME).exists()
+    assert not lock_path(out, TOK).exists()
     out.rmdir()  # what download_qwen3_small does with a folder it made
     child.send_signal(signal.SIGCONT)
     rest = child.communicate(timeout=120)[0]
@@ -1255,7 +1256,7 @@ def test_a_folder_removed_during_the_lock_wait_is_made_again(monkeypatch, tmp_pa
 
     monkeypatch.setattr(FileLock, "acquire", racy)
     with download._exclusive(out, TOK):
-        assert out.is_dir() and (out / download.LOCK_NAME).exists()
+        assert out.is_dir() and lock_path(out, TOK).exists()
     assert len(calls) == 3
 
 

@@ -21,10 +21,13 @@ long (slow-loris) is dropped for the next one; a rate limit asking to wait
 longer than a minute in all ends the source with a line that says when to
 try again.
 
-A lock file (`.download.lock`) lets two processes share one folder; a failed
-download leaves nothing a later run cannot use (no empty folder, no lock
-file). With `QWEN3_STANDIN=1` no request is made: offline stand-ins are
-provided in a separate folder (see `utils.standin`), never in `out_dir`.
+A lock file per file (`.<name>.lock`, `utils.download_lock`) lets two
+processes share one folder; a waiter gives up, naming the holder, when the
+holder makes no progress. A failed download leaves nothing a later run
+cannot use (no empty folder, no lock file; a partial file only where a later
+run can resume it and the disk did not refuse it). With `QWEN3_STANDIN=1`
+no request is made: offline stand-ins are provided in a separate folder
+(see `utils.standin`), never in `out_dir`.
 Progress and diagnostics go to stderr through `utils.log`.
 """
 
@@ -33,13 +36,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from utils import linksafe, model_store, provenance, settings, standin
+from utils import download_lock, linksafe, model_store, provenance, settings, standin
 from utils.download_errors import describe_error, disk_reason, hints
 from utils.download_sources import (
     REPO_ID,
@@ -73,7 +75,6 @@ BACKUP_URL = "https://f001.backblazeb2.com/file/reasoning-from-scratch/qwen3-0.6
 BACKUP_URL_ENV = "QWEN3_BACKUP_URL"
 TIMEOUT_ENV = "QWEN3_DOWNLOAD_TIMEOUT"
 KINDS = ("base", "reasoning")
-LOCK_NAME = ".download.lock"
 
 _DEFAULT_TIMEOUT = 10.0  # seconds of silence before a try fails
 _MIN_TIMEOUT = 1.0  # the range QWEN3_DOWNLOAD_TIMEOUT may set
@@ -314,42 +315,25 @@ def _remove_leftovers(dest: Path) -> None:
         linksafe.remove_leftover(path)
 
 
-@contextlib.contextmanager
-def _exclusive(out: Path, name: str) -> Iterator[None]:
-    """Hold the folder's lock file `.download.lock` (waits, saying so once,
-    while another process downloads into `out`). After a failure the lock
-    file goes (filelock re-checks, after locking, that the file it locked is
-    still the one at that path, so a process waiting on it tries again), and
-    a folder removed meanwhile is made again. A link planted at the lock's
-    name is removed first (filelock refuses to open one)."""
-    from filelock import FileLock, Timeout
+def _exclusive(folder: Path, name: str) -> contextlib.AbstractContextManager:
+    """Hold the lock of `folder/name` (`utils.download_lock`): a wait that
+    ends when the holder's working files stop changing."""
+    return download_lock.held(folder, name, lambda: _activity(folder / name))
 
-    said, races = False, 0
-    while True:
-        lock = FileLock(out / LOCK_NAME)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            linksafe.clear_planted(out / LOCK_NAME)
-            lock.acquire(timeout=-1 if said else 0)
-            break
-        except Timeout:
-            log.info(f"{out / name}: another process downloads into {out}; waiting")
-            said = True
-        except (FileNotFoundError, FileExistsError):
-            # A failed run removed the empty folder while we (or filelock's
-            # poll loop, which makes the folder again) looked at it: pathlib's
-            # mkdir(exist_ok=True) then says "exists" for a folder now gone.
-            races += 1
-            if races > 20 or (out.exists() and not out.is_dir()):
-                raise
-            time.sleep(0.01 * races)
-    try:  # the held lock file keeps the folder from being removed
-        yield
-    except BaseException:
-        (out / LOCK_NAME).unlink(missing_ok=True)
-        raise
-    finally:
-        lock.release()
+
+def _activity(dest: Path) -> tuple:
+    """A fingerprint of the work on `dest`: size and time of it and of every
+    file among its leftovers (a `.part` growing, a staging folder filling)."""
+    found = []
+    for path in [dest, *_leftovers(dest)]:
+        real_dir = path.is_dir() and not path.is_symlink()
+        walked = os.walk(path) if real_dir else [(path.parent, [], [path.name])]
+        for root, _dirs, files in walked:
+            for name in files:
+                with contextlib.suppress(OSError):
+                    st = os.lstat(os.path.join(root, name))
+                    found.append((f"{root}/{name}", st.st_size, st.st_mtime_ns))
+    return tuple(sorted(found))
 
 
 @dataclass
