@@ -768,13 +768,14 @@ def test_hub_file_finished_before_a_kill_is_not_fetched_again(
     hosts, payloads, tmp_path, store
 ):
     """A run killed after the transfer (while checking the file) leaves the
-    finished file in the library's staging folder; the next run installs it
-    without a second transfer and leaves no staging folder behind."""
+    whole file as its partial in the staging folder; the next run installs
+    it without a second transfer and leaves no staging folder behind."""
     hub, cdn, mirror = hosts
     child = run_child(tmp_path, child_env(hub, mirror), "die-after-transfer", "tok")
     out = child.communicate(timeout=240)[0]
     assert child.returncode == 3, out
-    assert (store / f".{TOK}.hub" / TOK).read_bytes() == payloads[TOK]
+    [kept] = (store / f".{TOK}.hub").glob(f"{TOK}.*.incomplete")
+    assert kept.read_bytes() == payloads[TOK]
     stale = store / f".{TOK}.hub" / ".cache" / "x.incomplete"
     stale.parent.mkdir(parents=True, exist_ok=True)
     stale.write_bytes(b"partial")  # what a kill mid-transfer leaves

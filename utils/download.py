@@ -79,6 +79,7 @@ KINDS = ("base", "reasoning")
 _DEFAULT_TIMEOUT = 10.0  # seconds of silence before a try fails
 _MIN_TIMEOUT = 1.0  # the range QWEN3_DOWNLOAD_TIMEOUT may set
 _MAX_TIMEOUT = 3600.0
+_FULL = ("no space left on the disk", "disk quota exceeded")  # disk_reason's
 _timeouts_said: set[str] = set()  # values already reported as not used as given
 
 
@@ -463,4 +464,7 @@ def _download(dest: Path, request: _Request) -> None:
         size = size_str(dest.stat().st_size)
         log.info(f"Saved {dest} ({size}, {check}) from the {label}: {url}")
         return
-    raise DownloadError(name, attempts, request.out or dest.parent, causes)
+    error = DownloadError(name, attempts, request.out or dest.parent, causes)
+    if disk_reason(error) in _FULL:  # partial files would keep the disk full
+        _remove_leftovers(dest)
+    raise error
