@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [  # print_standin_banner: the notebooks import it from here
+    "StandinFolderError",
     "provide_standins",
     "print_standin_banner",
     "refuse_to_replace_real",
@@ -55,6 +56,11 @@ FORMAT_VERSION = 2
 SEEDS = {"base": 20250601, "reasoning": 20250602}
 
 log = get_logger(__name__)
+
+
+class StandinFolderError(OSError, ValueError):
+    """The stand-in files cannot be written where they are kept. A
+    ValueError too, so the commands report it in one line."""
 
 
 def standin_enabled() -> bool:
@@ -228,11 +234,18 @@ def provide_standins(out: Path, kind: str, names: list[str]) -> list[Path]:
         if path.is_file() and provenance.sidecar_path(path).is_file():
             continue  # already a stand-in
         refuse_to_replace_real(path)
-        provenance.record_path(path).unlink(missing_ok=True)  # never "verified"
-        if path.suffix == ".pth":
-            write_standin_weights(path, kind)
-        else:
-            write_standin_tokenizer(path, kind)
+        try:
+            provenance.record_path(path).unlink(missing_ok=True)  # never "verified"
+            if path.suffix == ".pth":
+                write_standin_weights(path, kind)
+            else:
+                write_standin_tokenizer(path, kind)
+        except OSError as exc:
+            raise StandinFolderError(
+                f"cannot write the stand-in files in {folder}/ "
+                f"({exc.strerror or exc}): set {DIR_ENV} to a folder you can "
+                "write to"
+            ) from exc
     log.info(
         f"Stand-in files in {folder}/ (no download: QWEN3_STANDIN is set; "
         f"nothing in {out}/ was touched)"
