@@ -99,3 +99,20 @@ def test_failed_save_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         standin.save_marked_state_dict({"a": torch.zeros(2)}, target, "note")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stand_in_folder_others_can_write_is_refused(tmp_path, monkeypatch):
+    """Its files would be loaded as ours: one line naming the folder and the
+    setting, before anything is written or read there."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv(standin.DIR_ENV, str(shared / "files"))
+    with pytest.raises(standin.StandinFolderError) as err:
+        standin.provide_standins(tmp_path / "out", "base", ["tokenizer-base.json"])
+    assert str(err.value).startswith(
+        f"cannot use the stand-in files in {shared / 'files'}/: {shared} can be "
+        "written by other users (mode 777)"
+    )
+    assert standin.DIR_ENV in str(err.value)
+    assert list((shared / "files").iterdir()) == []

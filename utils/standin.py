@@ -21,13 +21,14 @@ into place.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from utils import provenance, settings
+from utils import linksafe, provenance, settings
 from utils.fileio import atomic_output, atomic_place, atomic_write_bytes
 from utils.log import get_logger
 from utils.provenance import print_standin_banner
@@ -223,12 +224,27 @@ def write_standin_tokenizer(path: str | os.PathLike, kind: str = "base") -> Path
 # --------------------------------------------------------------------------
 
 
+def _check_trust(folder: Path) -> None:
+    """Refuse a stand-in folder that another user could change (their
+    files would be loaded as ours): `utils.linksafe.untrusted_reason`, judged
+    once the folder is made (a new one under /tmp is this user's own)."""
+    with contextlib.suppress(OSError):  # a folder that cannot be made: said later
+        folder.mkdir(parents=True, exist_ok=True)
+    reason = linksafe.untrusted_reason(folder)
+    if reason is not None:
+        raise StandinFolderError(
+            f"cannot use the stand-in files in {folder}/: {reason}, so another "
+            f"user could replace them; set {DIR_ENV} to a folder of your own"
+        )
+
+
 def provide_standins(out: Path, kind: str, names: list[str]) -> list[Path]:
     """Stand-ins for the book's files `names` of `kind`, in
     `standin_files_dir()` (built once, then reused); `out`, the folder the
     caller asked for, is only named in the message and never touched."""
     print_standin_banner()
     folder = standin_files_dir()
+    _check_trust(folder)
     paths = [folder / name for name in names]
     for path in paths:
         if path.is_file() and provenance.sidecar_path(path).is_file():
