@@ -33,14 +33,15 @@ HOLDER = """
             time.sleep(0.2)
             with (folder / (name + ".part")).open("ab") as part:
                 part.write(b"x")
-        time.sleep(3600 if steps == 0 else 0)  # or one that makes none
+        time.sleep(3600 if steps == 0 else -steps if steps < 0 else 0)
 """
 
 
 @pytest.fixture
 def holder():
     """Start a process that holds the lock of folder/name (`steps` bytes of
-    progress, 0: none, ever); it is ended afterwards."""
+    progress, 0: none, ever; -n: none, for n seconds, then it is done); it
+    is ended afterwards."""
     started: list[subprocess.Popen] = []
 
     def start(folder: Path, name: str, steps: int = 0) -> subprocess.Popen:
@@ -114,6 +115,22 @@ def test_a_holder_that_makes_progress_is_waited_for(tmp_path, holder, monkeypatc
 
     assert in_thread(wait) == {"result": 15}
     assert len(seen) > 4  # it did wait, more than the patience
+
+
+def test_a_running_holder_that_writes_nothing_is_waited_for(
+    tmp_path, holder, monkeypatch
+):
+    """Hashing, checking or a Xet transfer show nothing on disk for a while:
+    the holder's beat (its lock file touched each second) keeps the waiter
+    waiting, longer than its patience in all."""
+    monkeypatch.setattr(download_lock, "PATIENCE", 5.0)
+    holder(tmp_path, TOK, steps=-10)
+
+    def wait() -> bool:
+        with download_lock.held(tmp_path, TOK):
+            return True
+
+    assert in_thread(wait) == {"result": True}
 
 
 def test_the_tokenizer_does_not_wait_for_the_weights(

@@ -4,11 +4,13 @@ Why: two processes (the English and the Chinese notebook, a command beside
 them) may want the same file in the same folder; one downloads, the other
 waits and then uses it. The lock is per file (`.<name>.lock` beside it), so
 a process that needs only the tokenizer does not wait for another's 1.5 GB
-of weights. The holder writes its process id into the lock file; a waiter
-watches the holder's working files (`.part`, the Hub staging folder,
-temporary copies) and gives up, naming the holder and what to do, once
-they have not changed for `patience()` seconds: a holder stopped with
-Ctrl-Z (SIGSTOP) or hung must not keep the other waiting forever. A failed
+of weights. The holder writes its process id into the lock file and touches
+it every second from a thread; a waiter watches that and the holder's
+working files (`.part`, the Hub staging folder, temporary copies) and gives
+up, naming the holder and what to do, once neither has changed for
+`patience()` seconds: a holder stopped with Ctrl-Z (SIGSTOP) must not keep
+the other waiting forever (a hung transfer ends by the download's own
+watchdog). A failed
 holder removes its lock file; filelock re-checks after locking that the
 file it locked is still the one at that path, so a waiter tries again.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,7 +31,8 @@ __all__ = ["HolderStuckError", "held", "lock_path", "patience"]
 
 log = get_logger(__name__)
 
-PATIENCE = 120.0  # seconds without progress of the holder before giving up
+PATIENCE = 60.0  # seconds without a sign of life of the holder before giving up
+BEAT = 1.0  # seconds between the holder's signs of life
 _POLL = 0.5  # seconds between looks at the holder's progress
 
 
@@ -42,9 +46,9 @@ def lock_path(folder: Path, name: str) -> Path:
 
 
 def patience() -> float:
-    """Seconds a waiter accepts without progress of the holder (module
-    setting `PATIENCE`: longer than the download's own longest silence, a
-    rate limit's wait of a minute plus a few tries)."""
+    """Seconds a waiter accepts without a sign of life of the holder (module
+    setting `PATIENCE`: many of its beats, so a busy machine that runs the
+    holder late is no reason to give up)."""
     return PATIENCE
 
 
@@ -54,23 +58,44 @@ def held(
 ) -> Iterator[None]:
     """Hold the lock of `folder/name`, waiting (said once) while another
     process holds it and `progress()` (a fingerprint of its working files)
-    keeps changing; `HolderStuckError` after `patience()` seconds without a
-    change. After a failure inside the block the lock file goes; a folder
-    removed meanwhile is made again; a link planted at the lock's name is
-    removed first (filelock refuses to open one)."""
-    lock = _acquire(folder, name, progress)
+    or its beat keeps changing; `HolderStuckError` after `patience()`
+    seconds without a change. After a failure inside the block the lock
+    file goes; a folder removed meanwhile is made again; a link planted at
+    the lock's name is removed first (filelock refuses to open one)."""
     path = lock_path(folder, name)
+    lock = _acquire(folder, name, lambda: (_beat_time(path), progress()))
     with contextlib.suppress(OSError):  # then waiters cannot name us
         _write_pid(path)
+    done = threading.Event()
+    beating = threading.Thread(target=_beat, args=(path, done), daemon=True)
+    beating.start()
     try:
         yield
     except BaseException:
         path.unlink(missing_ok=True)
         raise
     finally:
+        done.set()
+        beating.join()
         with contextlib.suppress(OSError):
             _write_pid(path, "")
         lock.release()
+
+
+def _beat(path: Path, done: threading.Event) -> None:
+    """Touch the held lock file every `BEAT` seconds: a sign of life that a
+    stopped (or frozen) process does not give, whatever its work shows on
+    disk (a hash, a Xet transfer, a copy)."""
+    nofollow = os.utime in os.supports_follow_symlinks
+    while not done.wait(BEAT):
+        with contextlib.suppress(OSError):
+            os.utime(path, follow_symlinks=not nofollow)
+
+
+def _beat_time(path: Path) -> int | None:
+    with contextlib.suppress(OSError):
+        return os.lstat(path).st_mtime_ns
+    return None
 
 
 def _acquire(folder: Path, name: str, progress: Callable[[], object]) -> object:
