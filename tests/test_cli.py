@@ -563,6 +563,7 @@ def test_download_error_prints_its_whole_message(monkeypatch, capsys, tmp_path):
         raise error
 
     monkeypatch.setattr(download, "download_qwen3_small", failing)
+    monkeypatch.delenv("QWEN3_STANDIN", raising=False)  # downloads happen for real
     args = ["--prompt", "hi", "--device", "cpu", "--out-dir", str(tmp_path)]
     rc = cli.generate_main(args)
     err = capsys.readouterr().err
@@ -781,7 +782,8 @@ def test_a_pickled_program_in_the_checkpoint_is_one_plain_line(
     lines = [x for x in err.splitlines() if "error" in x]
     assert rc == 2 and len(lines) == 1, err
     assert "\x1b[" not in err and "This file can still be loaded" not in err
-    assert "refuses to run them" in lines[0] and "delete it" in lines[0]
+    assert "refuses to run them" in lines[0]
+    assert lines[0].endswith("pass the book's file with --model-file.")
 
 
 # --------------------------------------------------------------------------

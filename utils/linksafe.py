@@ -173,9 +173,9 @@ def _chain_reason(path: Path) -> str | None:
     for part in [*reversed(path.parents), path]:
         try:
             st = os.lstat(part)
-        except FileNotFoundError:
-            break
-        except OSError as exc:  # e.g. a file where a folder should be
+        except (FileNotFoundError, NotADirectoryError):
+            break  # made later, or a file in the way: said where it is made
+        except OSError as exc:  # e.g. no permission to look
             return f"{part} cannot be examined ({exc.strerror})"
         if st.st_uid not in (0, uid):
             return f"{part} belongs to another user (uid {st.st_uid})"
