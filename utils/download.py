@@ -180,15 +180,18 @@ def download_qwen3_small(
     first: the Hugging Face repo `rasbt/qwen3-from-scratch` (at `HF_ENDPOINT`
     if set), then the book's backup mirror (`backup_url` or
     `QWEN3_BACKUP_URL` replaces its base URL). A store that is read-only or
-    full is skipped (one line on stderr) and the files are downloaded into
-    `out_dir` itself. `out_dir=None` returns the store's own paths (what the
-    commands use by default).
+    full, or that another user could change (`utils.linksafe.
+    untrusted_reason`), is skipped (one line on stderr) and the files are
+    downloaded into `out_dir` itself. `out_dir=None` returns the store's own
+    paths (what the commands use by default).
 
     With `QWEN3_STANDIN=1`, offline stand-ins are provided in
     `utils.standin.standin_files_dir()` instead (no network, neither
     `out_dir` nor the store is touched, `standin=True`). Raises
     `DownloadError` if all sources fail, `NotAFolderError` if `out_dir` is a
-    file.
+    file, `UntrustedFolderError` if another user could change it,
+    `download_lock.HolderStuckError` if a process holding a file's lock
+    shows no sign of life.
     """
     tok_name, model_name = file_names(kind)
     names = [tok_name] if tokenizer_only else [tok_name, model_name]

@@ -3,7 +3,7 @@
 A download folder may be shared, world-writable, or unpacked from an archive
 that ships symbolic links. A link planted under one of the names the
 download works with (`<name>.part`, the Hub staging folder `.<name>.hub`,
-the lock file `.download.lock`) would make a plain `open` append the weights
+a lock file `.<name>.lock`) would make a plain `open` append the weights
 to the link's target, or make a cleanup recurse into and delete from the
 folder it points to. So: such a link is removed (the link only, never its
 target) with one line naming it; partial files are opened with `O_NOFOLLOW`
