@@ -97,10 +97,7 @@ def leftovers(folder: Path) -> list[str]:
     return sorted(
         p.name
         for p in folder.iterdir()
-        if not (
-            p.name in (TOK, MODEL)
-            or p.name.endswith((".verified.json", ".lock"))
-        )
+        if not (p.name in (TOK, MODEL) or p.name.endswith((".verified.json", ".lock")))
     )
 
 
