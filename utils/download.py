@@ -258,8 +258,11 @@ def _check_trust(request: _Request) -> None:
 
 
 def _trust_reason(folder: Path) -> str | None:
-    with contextlib.suppress(OSError):  # a disk that refuses: said later
+    try:
         folder.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a disk that refuses: said when it is written to
+        if not folder.is_dir():
+            return None  # nothing there to distrust
     return linksafe.untrusted_reason(folder)
 
 

@@ -21,7 +21,6 @@ into place.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections.abc import Mapping
@@ -224,12 +223,22 @@ def write_standin_tokenizer(path: str | os.PathLike, kind: str = "base") -> Path
 # --------------------------------------------------------------------------
 
 
+def _unwritable(folder: Path, exc: OSError) -> StandinFolderError:
+    return StandinFolderError(
+        f"cannot write the stand-in files in {folder}/ ({exc.strerror or exc}): "
+        f"set {DIR_ENV} to a folder you can write to"
+    )
+
+
 def _check_trust(folder: Path) -> None:
     """Refuse a stand-in folder that another user could change (their
     files would be loaded as ours): `utils.linksafe.untrusted_reason`, judged
     once the folder is made (a new one under /tmp is this user's own)."""
-    with contextlib.suppress(OSError):  # a folder that cannot be made: said later
+    try:
         folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if not folder.is_dir():  # nothing there to distrust: say why
+            raise _unwritable(folder, exc) from exc
     reason = linksafe.untrusted_reason(folder)
     if reason is not None:
         raise StandinFolderError(
@@ -257,11 +266,7 @@ def provide_standins(out: Path, kind: str, names: list[str]) -> list[Path]:
             else:
                 write_standin_tokenizer(path, kind)
         except OSError as exc:
-            raise StandinFolderError(
-                f"cannot write the stand-in files in {folder}/ "
-                f"({exc.strerror or exc}): set {DIR_ENV} to a folder you can "
-                "write to"
-            ) from exc
+            raise _unwritable(folder, exc) from exc
     log.info(
         f"Stand-in files in {folder}/ (no download: QWEN3_STANDIN is set; "
         f"nothing in {out}/ was touched)"
