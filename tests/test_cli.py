@@ -206,7 +206,9 @@ def test_corrupt_files_fail_with_one_line(env, tmp_path, broken, tmp_path_factor
         timeout=300,
     )
     assert_one_line_error(proc, "qwen3-generate", str(tmp_path))
-    assert "delete it" in proc.stderr
+    # a file the reader named: nothing would download it again
+    assert f"pass the book's file with --{broken}-file" in proc.stderr
+    assert "download" not in proc.stderr
 
 
 def test_checkpoint_of_another_model_fails_with_one_line(
@@ -221,7 +223,27 @@ def test_checkpoint_of_another_model_fails_with_one_line(
     )  # fmt: skip
     errors = [x for x in capsys.readouterr().err.splitlines() if "error" in x]
     assert rc == 2 and len(errors) == 1
-    assert "could not load the model weights" in errors[0] and "delete it" in errors[0]
+    assert "could not load the model weights" in errors[0]
+    assert errors[0].endswith("pass the book's file with --model-file.")
+
+
+def test_a_stand_in_folder_that_cannot_be_written_is_named(
+    tmp_path, capsys, monkeypatch
+):
+    """Not the store (which stand-in mode never touches): the folder that
+    failed, and the setting that moves it."""
+    (tmp_path / "file").write_text("in the way")
+    folder = tmp_path / "file" / "standins"
+    monkeypatch.setenv("QWEN3_STANDIN", "1")
+    monkeypatch.setenv("QWEN3_STANDIN_DIR", str(folder))
+    rc = cli.generate_main(["--prompt", "hi", "--device", "cpu"])
+    errors = [x for x in capsys.readouterr().err.splitlines() if "error" in x]
+    assert rc == 2 and len(errors) == 1, errors
+    assert errors[0].startswith(
+        f"qwen3-generate: error: cannot write the stand-in files in {folder}/ "
+        "(Not a directory): set QWEN3_STANDIN_DIR to a folder you can write to"
+    )
+    assert "store" not in errors[0]
 
 
 def test_console_scripts_are_declared():
@@ -511,6 +533,7 @@ def test_download_error_prints_its_whole_message(monkeypatch, capsys, tmp_path):
         raise error
 
     monkeypatch.setattr(download, "download_qwen3_small", failing)
+    monkeypatch.delenv("QWEN3_STANDIN", raising=False)  # downloads happen for real
     args = ["--prompt", "hi", "--device", "cpu", "--out-dir", str(tmp_path)]
     rc = cli.generate_main(args)
     err = capsys.readouterr().err
@@ -729,7 +752,8 @@ def test_a_pickled_program_in_the_checkpoint_is_one_plain_line(
     lines = [x for x in err.splitlines() if "error" in x]
     assert rc == 2 and len(lines) == 1, err
     assert "\x1b[" not in err and "This file can still be loaded" not in err
-    assert "refuses to run them" in lines[0] and "delete it" in lines[0]
+    assert "refuses to run them" in lines[0]
+    assert lines[0].endswith("pass the book's file with --model-file.")
 
 
 # --------------------------------------------------------------------------

@@ -273,9 +273,9 @@ def test_bad_arguments_have_clear_errors():
 
 
 def test_inductor_code_is_kept_apart_per_cpu_capability(monkeypatch, tmp_path):
-    """Unset, or set to inductor's own default (importing inductor writes it
-    into the variable), the cache becomes one subfolder per capability; a
-    folder the reader chose is left alone."""
+    """Unset, set to inductor's own default (importing inductor writes it
+    into the variable), or set by the reader to a folder of their own shared
+    between runs, the cache becomes one subfolder per capability in it."""
     monkeypatch.setattr(compile_module, "_default_inductor_dir", lambda: str(tmp_path))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
@@ -288,8 +288,31 @@ def test_inductor_code_is_kept_apart_per_cpu_capability(monkeypatch, tmp_path):
     assert separate_inductor_cache() == str(tmp_path / "capability-avx2")
     mine = tmp_path / "mine"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(mine))
-    assert separate_inductor_cache() == str(mine)
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(mine)
+    assert separate_inductor_cache() == str(mine / "capability-avx2")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(mine / "capability-avx2")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")  # a child inherits the variable
+    assert separate_inductor_cache() == str(mine / "capability-native")
+
+
+def test_an_inductor_folder_another_user_could_change_is_not_used(
+    monkeypatch, tmp_path, capsys
+):
+    """Inductor loads the compiled code it finds in its cache: in a folder
+    others may write, the same subfolder of our own cache is used instead."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared / "inductor"))
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    private = tmp_path / "cache" / "qwen3-ch02" / "inductor"
+    assert separate_inductor_cache() == str(private / "capability-avx2")
+    err = capsys.readouterr().err
+    assert f"{shared / 'inductor' / 'capability-avx2'}: not used for compiled" in err
+    assert f"{shared} can be written by other users (mode 777)" in err
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # then: ours, quietly
+    assert separate_inductor_cache() == str(private / "capability-default")
+    assert capsys.readouterr().err == ""
 
 
 COMPILE_AND_RUN = """
@@ -304,7 +327,8 @@ with torch.no_grad():
 
 
 @pytest.mark.slow  # two processes, each compiling with inductor
-def test_compiling_under_one_capability_then_another_shares_no_code(tmp_path):
+@pytest.mark.parametrize("shared", [False, True], ids=["default", "readers-own"])
+def test_compiling_under_one_capability_then_another_shares_no_code(tmp_path, shared):
     """A reader's process compiling under ATEN_CPU_CAPABILITY=avx2 after one
     that compiled under the default gets its own cache folder, so it does not
     load the other's code (which crashed torch 2.10 with SIGBUS on AVX-512
@@ -312,6 +336,8 @@ def test_compiling_under_one_capability_then_another_shares_no_code(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY")}  # fmt: skip
     env["TMPDIR"] = str(tmp_path)  # inductor's default cache lands in here
+    if shared:  # the reader's own folder, shared by both runs
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "torchinductor_mine")
     runs = []
     for capability in ("", "avx2"):
         run_env = dict(

@@ -25,6 +25,7 @@ from tests.fake_hosts import (
 from tests.tiny import tiny_config
 from utils import download, download_sources, http_watch, provenance, standin
 from utils.download import KINDS, DownloadError, Qwen3Files, download_qwen3_small
+from utils.download_lock import lock_path
 from utils.provenance import is_verified
 
 TOK, MODEL = "tokenizer-base.json", "qwen3-0.6B-base.pth"
@@ -96,10 +97,7 @@ def leftovers(folder: Path) -> list[str]:
     return sorted(
         p.name
         for p in folder.iterdir()
-        if not (
-            p.name in (TOK, MODEL, download.LOCK_NAME)
-            or p.name.endswith(".verified.json")
-        )
+        if not (p.name in (TOK, MODEL) or p.name.endswith((".verified.json", ".lock")))
     )
 
 
@@ -767,13 +765,14 @@ def test_hub_file_finished_before_a_kill_is_not_fetched_again(
     hosts, payloads, tmp_path, store
 ):
     """A run killed after the transfer (while checking the file) leaves the
-    finished file in the library's staging folder; the next run installs it
-    without a second transfer and leaves no staging folder behind."""
+    whole file as its partial in the staging folder; the next run installs
+    it without a second transfer and leaves no staging folder behind."""
     hub, cdn, mirror = hosts
     child = run_child(tmp_path, child_env(hub, mirror), "die-after-transfer", "tok")
     out = child.communicate(timeout=240)[0]
     assert child.returncode == 3, out
-    assert (store / f".{TOK}.hub" / TOK).read_bytes() == payloads[TOK]
+    [kept] = (store / f".{TOK}.hub").glob(f"{TOK}.*.incomplete")
+    assert kept.read_bytes() == payloads[TOK]
     stale = store / f".{TOK}.hub" / ".cache" / "x.incomplete"
     stale.parent.mkdir(parents=True, exist_ok=True)
     stale.write_bytes(b"partial")  # what a kill mid-transfer leaves
@@ -1229,7 +1228,7 @@ def test_a_process_waiting_on_a_failed_download_carries_on(hosts, payloads, tmp_
             _, status = os.waitpid(child.pid, os.WUNTRACED)
             assert os.WIFSTOPPED(status), status
             raise RuntimeError("holder fails")
-    assert not (out / download.LOCK_NAME).exists()
+    assert not lock_path(out, TOK).exists()
     out.rmdir()  # what download_qwen3_small does with a folder it made
     child.send_signal(signal.SIGCONT)
     rest = child.communicate(timeout=120)[0]
@@ -1255,7 +1254,7 @@ def test_a_folder_removed_during_the_lock_wait_is_made_again(monkeypatch, tmp_pa
 
     monkeypatch.setattr(FileLock, "acquire", racy)
     with download._exclusive(out, TOK):
-        assert out.is_dir() and (out / download.LOCK_NAME).exists()
+        assert out.is_dir() and lock_path(out, TOK).exists()
     assert len(calls) == 3
 
 

@@ -15,7 +15,7 @@ import pytest
 from tests import test_download as base
 from tests.fake_hosts import MIRROR_PREFIX
 from tests.test_download import MODEL, TOK, assert_real, failed_lines, said
-from utils import download, download_sources
+from utils import download, download_lock, download_sources
 from utils.download import DownloadError, download_qwen3_small
 
 # the loopback hosts, their files and the tiny content checks (autouse)
@@ -159,10 +159,11 @@ def test_a_link_inside_a_kept_staging_folder_is_not_followed(
 def test_a_planted_lock_link_is_replaced_not_followed(
     hosts, payloads, where, elsewhere, capsys
 ):
-    """`.download.lock` a link: removed with one line, the download goes on
+    """A file's lock (`.<name>.lock`) a link: removed with one line, the
+    download goes on
     (before, every run failed with "Too many levels of symbolic links")."""
     out, folder = where
-    lock = folder / download.LOCK_NAME
+    lock = download_lock.lock_path(folder, TOK)
     lock.symlink_to(elsewhere / "secret")
     before = tree(elsewhere)
     files = download_qwen3_small("base", out_dir=out)

@@ -321,3 +321,97 @@ def test_the_documented_benchmark_run_writes_nothing_into_the_repository():
     for run in runs:
         args = benchmark.build_parser().parse_args(shlex.split(run))
         assert (args.json, args.csv, args.plot, args.out_dir) == (None,) * 4, run
+
+
+# --------------------------------------------------------------------------
+# A store another user can write: never trusted
+# --------------------------------------------------------------------------
+
+NOBODY = 65534
+needs_root = pytest.mark.skipif(
+    os.name != "posix" or os.geteuid() != 0,
+    reason="needs root (a folder of another user)",
+)
+
+
+def planted_store(tmp_path: Path, monkeypatch) -> tuple[Path, bytes]:
+    """A store in a 0777 folder of uid 65534 holding that user's tokenizer
+    with a record for it (its stat fields, as they would copy them)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chown(shared, NOBODY, NOBODY)
+    shared.chmod(0o777)
+    store = shared / "models"
+    store.mkdir()
+    theirs = fake_tokenizer_json(base.VOCAB)
+    theirs = theirs + b" " * 7  # other bytes that still pass the content check
+    (store / TOK).write_bytes(theirs)
+    provenance.write_record(
+        store / TOK, {"sha256": provenance.hash_file(store / TOK)["sha256"]}
+    )
+    for path in store.iterdir():
+        os.chown(path, NOBODY, NOBODY)
+    os.chown(store, NOBODY, NOBODY)
+    monkeypatch.setenv(model_store.STORE_ENV, str(store))
+    return store, theirs
+
+
+@needs_root
+@pytest.mark.parametrize("links", [True, False], ids=["link", "copy"])
+def test_a_store_another_user_can_write_is_not_used(
+    hosts, payloads, tmp_path, monkeypatch, capsys, links
+):
+    store, theirs = planted_store(tmp_path, monkeypatch)
+    assert is_verified(store / TOK)  # its record alone would pass it
+    if not links:
+        monkeypatch.setattr(os, "link", lambda *a, **k: (_ for _ in ()).throw(OSError))
+    out = tmp_path / "mine" / "qwen3"
+    files = download_qwen3_small("base", tokenizer_only=True, out_dir=out)
+    assert files.tokenizer.read_bytes() == payloads[TOK] != theirs
+    assert requests_made(hosts) > 0  # fetched, not taken from their store
+    assert (store / TOK).read_bytes() == theirs  # theirs is left alone
+    [line] = fallback_lines(capsys.readouterr().err)
+    assert line.startswith(f"{store}: cannot keep the model files there (another ")
+    assert f"{store.parent} belongs to another user (uid {NOBODY})" in line
+
+
+@needs_root
+def test_without_a_folder_a_store_another_user_can_write_is_one_clear_error(
+    hosts, tmp_path, monkeypatch
+):
+    store, _ = planted_store(tmp_path, monkeypatch)
+    with pytest.raises(model_store.StoreUnusableError) as err:
+        download_qwen3_small("base", tokenizer_only=True, out_dir=None)
+    message = str(err.value)
+    assert message.startswith(f"cannot keep the model files in {store} (another")
+    assert model_store.STORE_ENV in message and "\n" not in message
+    assert requests_made(hosts) == 0
+
+
+def test_a_folder_of_ours_that_others_can_write_is_refused(
+    hosts, tmp_path, monkeypatch
+):
+    out = tmp_path / "class"
+    out.mkdir()
+    out.chmod(0o777)
+    with pytest.raises(ValueError) as err:
+        download_qwen3_small("base", tokenizer_only=True, out_dir=out / "qwen3")
+    assert str(err.value).startswith(
+        f"{out / 'qwen3'} cannot be trusted: {out} can be written by other users "
+        "(mode 777)"
+    )
+    assert "--out-dir" in str(err.value) and requests_made(hosts) == 0
+    assert list(out.iterdir()) == []  # the folder it made is gone again
+
+
+def test_a_new_folder_under_a_sticky_shared_one_is_ours(
+    hosts, payloads, tmp_path, monkeypatch
+):
+    """Like /tmp: anyone may add entries, only their owner may move them."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    monkeypatch.setenv(model_store.STORE_ENV, str(shared / "store"))
+    files = download_qwen3_small("base", tokenizer_only=True, out_dir=shared / "q")
+    assert files.tokenizer.read_bytes() == payloads[TOK]
+    assert (shared / "store" / TOK).is_file()

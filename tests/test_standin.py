@@ -1,6 +1,8 @@
 """Stand-in weights: right shapes, deterministic, cached, and clearly marked."""
 
 import json
+import os
+import subprocess
 
 import pytest
 import torch
@@ -99,3 +101,44 @@ def test_failed_save_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         standin.save_marked_state_dict({"a": torch.zeros(2)}, target, "note")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stand_in_folder_others_can_write_is_refused(tmp_path, monkeypatch):
+    """Its files would be loaded as ours: one line naming the folder and the
+    setting, before anything is written or read there."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv(standin.DIR_ENV, str(shared / "files"))
+    with pytest.raises(standin.StandinFolderError) as err:
+        standin.provide_standins(tmp_path / "out", "base", ["tokenizer-base.json"])
+    assert str(err.value).startswith(
+        f"cannot use the stand-in files in {shared / 'files'}/: {shared} can be "
+        "written by other users (mode 777)"
+    )
+    assert standin.DIR_ENV in str(err.value)
+    assert list((shared / "files").iterdir()) == []
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root (a tmpfs)"
+)
+def test_a_read_only_home_names_the_stand_in_folder(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs", str(home)],
+                   check=True)  # fmt: skip
+    try:
+        monkeypatch.setenv("HOME", str(home))
+        for name in ("XDG_CACHE_HOME", standin.DIR_ENV, standin.CACHE_ENV):
+            monkeypatch.delenv(name, raising=False)
+        with pytest.raises(standin.StandinFolderError) as err:
+            standin.provide_standins(tmp_path / "out", "base", ["tokenizer-base.json"])
+        assert str(err.value) == (
+            f"cannot write the stand-in files in {standin.standin_files_dir()}/ "
+            f"(Read-only file system): set {standin.DIR_ENV} to a folder you can "
+            "write to"
+        )
+        assert str(standin.standin_files_dir()).startswith(str(home))
+    finally:
+        subprocess.run(["umount", "-l", str(home)], check=False)

@@ -175,11 +175,14 @@ class BenchmarkInterrupted(KeyboardInterrupt):
 
 
 def _weights(
-    model_path: str | os.PathLike | None, out_dir: str | os.PathLike | None
+    model_path: str | os.PathLike | None,
+    out_dir: str | os.PathLike | None,
+    tokenizer_path: str | os.PathLike | None = None,
 ) -> tuple[Mapping[str, torch.Tensor], Path | None, bool]:
     """(state dict, tokenizer path or None, stand-in?) from `model_path` or
     the download (stand-ins offline; `out_dir` None: the model store's own
-    files). Raises ValueError with one line for a missing or unusable file."""
+    files); `tokenizer_path`, else the book's tokenizer beside `model_path`.
+    Raises ValueError with one line for a missing or unusable file."""
     from utils.download import download_qwen3_small, local_files
     from utils.models import CheckpointError, read_checkpoint
 
@@ -187,16 +190,17 @@ def _weights(
         if model_path is None:
             files = download_qwen3_small("base", out_dir=out_dir)
             model_path, tokenizer, standin = files.model, files.tokenizer, files.standin
+            tokenizer = Path(tokenizer_path) if tokenizer_path else tokenizer
         else:
             guess = Path(model_path).with_name("tokenizer-base.json")
+            tok = tokenizer_path or (guess if guess.is_file() else None)
             try:
-                model_path, tokenizer, standin = local_files(
-                    model_path, guess if guess.is_file() else None
-                )
-            except FileNotFoundError:
+                model_path, tokenizer, standin = local_files(model_path, tok)
+            except FileNotFoundError as exc:
                 raise ValueError(
-                    f"--model-path {model_path} does not exist; pass the book's "
-                    "qwen3-0.6B-*.pth file or leave it out to download."
+                    f"{exc}; pass the book's qwen3-0.6B-*.pth file (--model-path) "
+                    "and tokenizer-*.json (--tokenizer-path), or leave them out "
+                    "to download them."
                 ) from None
     try:
         return read_checkpoint(model_path), tokenizer, standin
@@ -269,18 +273,20 @@ def run_benchmark(
     cold_compile: bool = True,
     quiet: bool = False,
     bandwidth_bytes: int = 1 << 30,
+    tokenizer_path: str | os.PathLike | None = None,
 ) -> list[dict[str, Any]]:
     """Time each mode on one model (same weights, prompt and token count) and
     return one dict per mode (fields: benchmark_report.ROW_FIELDS).
 
     Weights come from `download_qwen3_small` (stand-ins offline), `model_path`,
-    or `cfg` + `state_dict` (tests); `token_ids` overrides the prompt, and
-    `prompt_tokens=N` repeats the prompt's tokens to a synthetic prompt of N
-    (for the prefill's speed at that length). `cold_compile=False` keeps your
-    usual compile cache (warm-ups may be shorter); `bandwidth_bytes` is the
-    buffer size for the read-speed probe. Progress goes to stderr (nothing
-    with `quiet`). Ctrl-C raises `BenchmarkInterrupted` with the rows of the
-    modes that finished.
+    or `cfg` + `state_dict` (tests); the tokenizer from `tokenizer_path`, else
+    beside `model_path`, else the download; `token_ids` overrides the prompt,
+    and `prompt_tokens=N` repeats the prompt's tokens to a synthetic prompt of
+    N (for the prefill's speed at that length). `cold_compile=False` keeps
+    your usual compile cache (warm-ups may be shorter); `bandwidth_bytes` is
+    the buffer size for the read-speed probe. Progress goes to stderr
+    (nothing with `quiet`). Ctrl-C raises `BenchmarkInterrupted` with the
+    rows of the modes that finished.
     """
     from utils.device import resolve_device
     from utils.models import load_book_model
@@ -288,9 +294,11 @@ def run_benchmark(
     dev = resolve_device(device) if isinstance(device, str) else torch.device(device)
     dtype = _check_arguments(dtype, max_new_tokens, repeats, prompt_tokens)
     modes = _check_modes(_modes_for(dev, modes, quiet))
-    tokenizer_path, standin = None, False
+    standin = False
     if state_dict is None:
-        state_dict, tokenizer_path, standin = _weights(model_path, out_dir)
+        state_dict, tokenizer_path, standin = _weights(
+            model_path, out_dir, tokenizer_path
+        )
     book = load_book_model(state_dict, dev, dtype, cfg)
     if prompt_tokens is not None:
         check_context(book.cfg["context_length"], prompt_tokens, max_new_tokens)
@@ -641,6 +649,12 @@ def build_parser() -> CommandParser:
     )  # fmt: skip
     p.add_argument("--model-path", default=None, help="a book .pth file")
     p.add_argument(
+        "--tokenizer-path",
+        default=None,
+        help="a book tokenizer .json file (default: tokenizer-base.json beside "
+        "--model-path, else downloaded)",
+    )
+    p.add_argument(
         "--out-dir",
         default=None,
         help="folder to put the model files in (hard links to the per-user "
@@ -713,6 +727,7 @@ def _main(argv: Sequence[str] | None) -> int:
             max_new_tokens=args.max_new_tokens,
             repeats=args.repeats,
             model_path=args.model_path,
+            tokenizer_path=args.tokenizer_path,
             prompt=args.prompt,
             out_dir=args.out_dir,
             prompt_tokens=args.prompt_tokens,

@@ -179,12 +179,7 @@ def _files(args: argparse.Namespace, kind: str) -> tuple[Path, Path, bool]:
             raise UsageError(str(exc)) from None
         assert tokenizer is not None
         return tokenizer, model, standin
-    if args.out_dir is None:
-        from utils.model_store import store_dir
-
-        where = f"could not get the {kind} model files into the store {store_dir()}/"
-    else:
-        where = f"could not get the {kind} model files into {args.out_dir}/"
+    where = _files_where(args, kind)
     try:
         with contextlib.redirect_stdout(sys.stderr):
             files = download_qwen3_small(kind, out_dir=args.out_dir)
@@ -196,6 +191,28 @@ def _files(args: argparse.Namespace, kind: str) -> tuple[Path, Path, bool]:
         raise UsageError(f"{where}: {first_line(exc)}") from None
     assert files.model is not None
     return files.tokenizer, files.model, files.standin
+
+
+def _files_where(args: argparse.Namespace, kind: str) -> str:
+    """What failed, naming the folder the files were to go to: the stand-in
+    folder in stand-in mode, else the store or --out-dir."""
+    from utils import standin
+    from utils.model_store import store_dir
+
+    if standin.standin_enabled():
+        folder = standin.standin_files_dir()
+        return f"could not make the {kind} stand-in files in {folder}/"
+    folder = store_dir() if args.out_dir is None else args.out_dir
+    store = "the store " if args.out_dir is None else ""
+    return f"could not get the {kind} model files into {store}{folder}/"
+
+
+def _bad_file_fix(args: argparse.Namespace, option: str) -> str:
+    """What to do about a file that does not load: one the reader named is
+    theirs to replace; a downloaded one is fetched again once deleted."""
+    if getattr(args, option.removeprefix("--").replace("-", "_"), None) is not None:
+        return f"pass the book's file with {option}"
+    return "delete it and run again to download it again"
 
 
 def _load_model(args: argparse.Namespace, path: Path, device: Any) -> Any:
@@ -217,8 +234,8 @@ def _load_model(args: argparse.Namespace, path: Path, device: Any) -> Any:
     except models.CheckpointError as exc:
         raise UsageError(
             f"could not load the model weights from {path} ({exc}); the file is "
-            "damaged or not a Qwen3 0.6B checkpoint: delete it and run again to "
-            "download it again."
+            "damaged or not a Qwen3 0.6B checkpoint: "
+            f"{_bad_file_fix(args, '--model-file')}."
         ) from None
 
 
@@ -237,7 +254,7 @@ def load(args: argparse.Namespace, kind: str, **tokenizer_kwargs: Any) -> Loaded
     except Exception as exc:
         raise UsageError(
             f"could not read the tokenizer file {tok_path} ({first_line(exc)}); "
-            "delete it and run again to download it again."
+            f"{_bad_file_fix(args, '--tokenizer-file')}."
         ) from None
     get_logger(LOG_NAME).info(f"loading {model_path} ...")
     model = _load_model(args, model_path, device)

@@ -14,6 +14,7 @@ and keeps inductor's compiled code apart per `ATEN_CPU_CAPABILITY`
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import platform
@@ -26,11 +27,12 @@ from typing import Any
 
 import torch
 
-from utils import settings
+from utils import linksafe, settings
 from utils.device import torch_version
 from utils.log import get_logger
 
 _log = get_logger(__name__)
+_shared_said: set[str] = set()  # inductor folders already reported as shared
 
 # (substrings of the error text, case-sensitive; advice); first match wins
 _HINTS: tuple[tuple[tuple[str, ...], str], ...] = (
@@ -108,27 +110,47 @@ def _default_inductor_dir() -> str:
 
 
 def separate_inductor_cache() -> str:
-    """Point inductor at a subfolder of its cache per `ATEN_CPU_CAPABILITY`
-    (unless the reader set `TORCHINDUCTOR_CACHE_DIR`), and return the folder.
+    """Point inductor at a subfolder per `ATEN_CPU_CAPABILITY` of its cache
+    folder (the reader's `TORCHINDUCTOR_CACHE_DIR`, else inductor's default),
+    and return the subfolder.
 
     Why: inductor's FX-graph cache does not key on the capability, and code
     compiled under one capability, reused by a process running under
-    another, crashes it with SIGBUS (torch 2.10). Called before every
-    compile here. A reader's own `TORCHINDUCTOR_CACHE_DIR` is left alone;
-    inductor's default (which importing inductor writes into the variable)
-    and our own subfolders are not the reader's."""
+    another, crashes it with SIGBUS (torch 2.10): in inductor's default
+    folder and in one a reader shares between runs alike. Called before
+    every compile here. A variable that already names one of our
+    `capability-*` subfolders (set by this process, or inherited by a child
+    that may run under another capability) counts as the folder above it."""
     given = os.path.normpath(settings.text("TORCHINDUCTOR_CACHE_DIR") or ".")
-    default = os.path.normpath(_default_inductor_dir())
-    ours = os.path.dirname(given) == default and os.path.basename(given).startswith(
-        "capability-"
-    )
-    if given not in (".", default) and not ours:
-        return given
-    base = default
+    if given == ".":
+        base = os.path.normpath(_default_inductor_dir())
+    elif os.path.basename(given).startswith("capability-"):
+        base = os.path.dirname(given)
+    else:
+        base = given
     capability = (settings.text("ATEN_CPU_CAPABILITY") or "native").lower()
-    folder = os.path.join(base, f"capability-{capability}")
+    folder = _private_if_shared(os.path.join(base, f"capability-{capability}"))
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
     return folder
+
+
+def _private_if_shared(folder: str) -> str:
+    """`folder`, or where another user could change it (inductor loads the
+    compiled code it finds there: its default lives in /tmp, where another
+    user may make `torchinductor_<you>` first) the same subfolder under this
+    project's own cache, said once (`utils.linksafe.untrusted_reason`)."""
+    with contextlib.suppress(OSError):  # inductor says it if it cannot
+        os.makedirs(folder, exist_ok=True)
+    reason = linksafe.untrusted_reason(folder)
+    if reason is None:
+        return folder
+    private = str(settings.cache_root() / "inductor" / os.path.basename(folder))
+    if folder not in _shared_said:
+        _shared_said.add(folder)
+        _log.warning(
+            f"{folder}: not used for compiled code ({reason}); using {private}"
+        )
+    return private
 
 
 def apply_book_dynamo_setting() -> bool:

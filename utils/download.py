@@ -21,10 +21,13 @@ long (slow-loris) is dropped for the next one; a rate limit asking to wait
 longer than a minute in all ends the source with a line that says when to
 try again.
 
-A lock file (`.download.lock`) lets two processes share one folder; a failed
-download leaves nothing a later run cannot use (no empty folder, no lock
-file). With `QWEN3_STANDIN=1` no request is made: offline stand-ins are
-provided in a separate folder (see `utils.standin`), never in `out_dir`.
+A lock file per file (`.<name>.lock`, `utils.download_lock`) lets two
+processes share one folder; a waiter gives up, naming the holder, when the
+holder makes no progress. A failed download leaves nothing a later run
+cannot use (no empty folder, no lock file; a partial file only where a later
+run can resume it and the disk did not refuse it). With `QWEN3_STANDIN=1`
+no request is made: offline stand-ins are provided in a separate folder
+(see `utils.standin`), never in `out_dir`.
 Progress and diagnostics go to stderr through `utils.log`.
 """
 
@@ -33,13 +36,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from utils import linksafe, model_store, provenance, settings, standin
+from utils import download_lock, linksafe, model_store, provenance, settings, standin
 from utils.download_errors import describe_error, disk_reason, hints
 from utils.download_sources import (
     REPO_ID,
@@ -58,6 +60,7 @@ __all__ = [
     "REPO_ID",
     "DownloadError",
     "NotAFolderError",
+    "UntrustedFolderError",
     "Qwen3Files",
     "download_qwen3_small",
     "download_timeout",
@@ -72,11 +75,11 @@ BACKUP_URL = "https://f001.backblazeb2.com/file/reasoning-from-scratch/qwen3-0.6
 BACKUP_URL_ENV = "QWEN3_BACKUP_URL"
 TIMEOUT_ENV = "QWEN3_DOWNLOAD_TIMEOUT"
 KINDS = ("base", "reasoning")
-LOCK_NAME = ".download.lock"
 
 _DEFAULT_TIMEOUT = 10.0  # seconds of silence before a try fails
 _MIN_TIMEOUT = 1.0  # the range QWEN3_DOWNLOAD_TIMEOUT may set
 _MAX_TIMEOUT = 3600.0
+_FULL = ("no space left on the disk", "disk quota exceeded")  # disk_reason's
 _timeouts_said: set[str] = set()  # values already reported as not used as given
 
 
@@ -127,6 +130,11 @@ class NotAFolderError(NotADirectoryError, ValueError):
     commands report it as a usage error in one line."""
 
 
+class UntrustedFolderError(PermissionError, ValueError):
+    """Another user could replace the files in `out_dir`. A ValueError too,
+    so the commands report it as a usage error in one line."""
+
+
 def local_files(
     model: str | os.PathLike, tokenizer: str | os.PathLike | None
 ) -> tuple[Path, Path | None, bool]:
@@ -172,15 +180,18 @@ def download_qwen3_small(
     first: the Hugging Face repo `rasbt/qwen3-from-scratch` (at `HF_ENDPOINT`
     if set), then the book's backup mirror (`backup_url` or
     `QWEN3_BACKUP_URL` replaces its base URL). A store that is read-only or
-    full is skipped (one line on stderr) and the files are downloaded into
-    `out_dir` itself. `out_dir=None` returns the store's own paths (what the
-    commands use by default).
+    full, or that another user could change (`utils.linksafe.
+    untrusted_reason`), is skipped (one line on stderr) and the files are
+    downloaded into `out_dir` itself. `out_dir=None` returns the store's own
+    paths (what the commands use by default).
 
     With `QWEN3_STANDIN=1`, offline stand-ins are provided in
     `utils.standin.standin_files_dir()` instead (no network, neither
     `out_dir` nor the store is touched, `standin=True`). Raises
     `DownloadError` if all sources fail, `NotAFolderError` if `out_dir` is a
-    file.
+    file, `UntrustedFolderError` if another user could change it,
+    `download_lock.HolderStuckError` if a process holding a file's lock
+    shows no sign of life.
     """
     tok_name, model_name = file_names(kind)
     names = [tok_name] if tokenizer_only else [tok_name, model_name]
@@ -197,6 +208,7 @@ def download_qwen3_small(
     )
     request = _Request(out, *_endpoints(backup_url), model_store.store_dir())
     try:
+        _check_trust(request)
         paths = [_provide(request, name) for name in names]
     except BaseException as exc:
         for folder in made:  # only folders this call made, if left empty
@@ -223,6 +235,35 @@ def check_folder(out: Path) -> None:
                 "files: choose another folder (out_dir, or --out-dir in the "
                 f"commands), or move {path} away"
             )
+
+
+def _check_trust(request: _Request) -> None:
+    """Refuse a folder of the caller's, and stop using the store, where
+    another user could replace the files and their records (`utils.linksafe.
+    untrusted_reason`: the folder, or one above it, is theirs or writable by
+    them). Each is made first, so a new folder under a shared sticky one such
+    as /tmp is judged as this user's own."""
+    if request.out is not None:
+        reason = _trust_reason(request.out)
+        if reason is not None:
+            raise UntrustedFolderError(
+                f"{request.out} cannot be trusted: {reason}, so another user "
+                "could replace the model files there; choose a folder of your "
+                "own (out_dir, or --out-dir in the commands)"
+            )
+    if request.store is not None:
+        reason = _trust_reason(request.store)
+        if reason is not None:
+            _leave_store(request, f"another user could replace them: {reason}")
+
+
+def _trust_reason(folder: Path) -> str | None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a disk that refuses: said when it is written to
+        if not folder.is_dir():
+            return None  # nothing there to distrust
+    return linksafe.untrusted_reason(folder)
 
 
 def _endpoints(backup_url: str | None) -> tuple[str, str]:
@@ -281,42 +322,25 @@ def _remove_leftovers(dest: Path) -> None:
         linksafe.remove_leftover(path)
 
 
-@contextlib.contextmanager
-def _exclusive(out: Path, name: str) -> Iterator[None]:
-    """Hold the folder's lock file `.download.lock` (waits, saying so once,
-    while another process downloads into `out`). After a failure the lock
-    file goes (filelock re-checks, after locking, that the file it locked is
-    still the one at that path, so a process waiting on it tries again), and
-    a folder removed meanwhile is made again. A link planted at the lock's
-    name is removed first (filelock refuses to open one)."""
-    from filelock import FileLock, Timeout
+def _exclusive(folder: Path, name: str) -> contextlib.AbstractContextManager:
+    """Hold the lock of `folder/name` (`utils.download_lock`): a wait that
+    ends when the holder's working files stop changing."""
+    return download_lock.held(folder, name, lambda: _activity(folder / name))
 
-    said, races = False, 0
-    while True:
-        lock = FileLock(out / LOCK_NAME)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            linksafe.clear_planted(out / LOCK_NAME)
-            lock.acquire(timeout=-1 if said else 0)
-            break
-        except Timeout:
-            log.info(f"{out / name}: another process downloads into {out}; waiting")
-            said = True
-        except (FileNotFoundError, FileExistsError):
-            # A failed run removed the empty folder while we (or filelock's
-            # poll loop, which makes the folder again) looked at it: pathlib's
-            # mkdir(exist_ok=True) then says "exists" for a folder now gone.
-            races += 1
-            if races > 20 or (out.exists() and not out.is_dir()):
-                raise
-            time.sleep(0.01 * races)
-    try:  # the held lock file keeps the folder from being removed
-        yield
-    except BaseException:
-        (out / LOCK_NAME).unlink(missing_ok=True)
-        raise
-    finally:
-        lock.release()
+
+def _activity(dest: Path) -> tuple:
+    """A fingerprint of the work on `dest`: size and time of it and of every
+    file among its leftovers (a `.part` growing, a staging folder filling)."""
+    found = []
+    for path in [dest, *_leftovers(dest)]:
+        real_dir = path.is_dir() and not path.is_symlink()
+        walked = os.walk(path) if real_dir else [(path.parent, [], [path.name])]
+        for root, _dirs, files in walked:
+            for name in files:
+                with contextlib.suppress(OSError):
+                    st = os.lstat(os.path.join(root, name))
+                    found.append((f"{root}/{name}", st.st_size, st.st_mtime_ns))
+    return tuple(sorted(found))
 
 
 @dataclass
@@ -368,7 +392,7 @@ def _leave_store(request: _Request, reason: str) -> None:
     if request.out is None:
         raise model_store.StoreUnusableError(
             f"cannot keep the model files in {store} ({reason}): set "
-            f"{model_store.STORE_ENV} to a folder you can write to, or name a "
+            f"{model_store.STORE_ENV} to a folder of your own, or name a "
             "folder of your own (out_dir, or --out-dir in the commands)"
         )
     log.warning(
@@ -446,4 +470,7 @@ def _download(dest: Path, request: _Request) -> None:
         size = size_str(dest.stat().st_size)
         log.info(f"Saved {dest} ({size}, {check}) from the {label}: {url}")
         return
-    raise DownloadError(name, attempts, request.out or dest.parent, causes)
+    error = DownloadError(name, attempts, request.out or dest.parent, causes)
+    if disk_reason(error) in _FULL:  # partial files would keep the disk full
+        _remove_leftovers(dest)
+    raise error

@@ -2,10 +2,9 @@
 file is checked and installed.
 
 1. The Hugging Face repo `rasbt/qwen3-from-scratch` through
-   `huggingface_hub`, staged in `.<name>.hub/` beside the file, checked
-   against the size and ETag the Hub announces. The library resumes a
-   dropped connection within a call but discards a partial file, so across
-   runs only a finished file kept in the staging folder is reused.
+   `huggingface_hub` (its metadata call and its `http_get`), into a partial
+   file in `.<name>.hub/` beside the file that the next run resumes with
+   HTTP Range, checked against the size and ETag the Hub announces.
 2. The book's backup mirror on Backblaze B2, over plain HTTPS with
    `requests`, resuming an interrupted download from `<name>.part` with
    HTTP Range, checked against the sha1 B2 announces.
@@ -18,7 +17,6 @@ opened and cleaned up through `utils.linksafe`: never through a link.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -54,6 +52,7 @@ _MAX_RATE_WAIT = 60.0  # seconds of "Retry-After" the download accepts in all
 _SLOW_HEADERS = 1.0  # seconds for response headers that count as slow
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX40 = re.compile(r"[0-9a-f]{40}")
+_HEX = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # an ETag fit for a file name
 
 
 def install(staged: Path, dest: Path, source: str, check: str, sha256: str) -> None:
@@ -169,52 +168,101 @@ def _hub_settings(timeout: float, guard: _HubGuard) -> Iterator[None]:
             setattr(constants, key, value)
 
 
-def _prepare_staging(staging: Path) -> None:
-    """A real staging folder without a killed run's partial transfers (a
-    planted link there is removed, never followed)."""
+def _hub_partial(staging: Path, name: str, etag: str | None) -> Path:
+    """The partial transfer of `name` at `etag` in the staging folder (made a
+    real folder here: a planted link is removed, never followed); partials
+    of other versions of the file go (they are no prefix of this one)."""
     linksafe.prepare_folder(staging)
-    for root, _dirs, files in os.walk(staging, followlinks=False):
-        for name in files:
-            if name.endswith(".incomplete"):
-                linksafe.remove_leftover(Path(root) / name)
+    tag = (etag or "").lower()
+    part = staging / (f"{name}.{tag}.incomplete" if _HEX.fullmatch(tag) else
+                      f"{name}.incomplete")  # fmt: skip
+    for path in staging.iterdir():
+        if path != part:
+            linksafe.remove_leftover(path)
+    return part
 
 
 def from_hub(url: str, dest: Path, endpoint: str, timeout: float) -> str:
-    """Fetch `dest.name` with huggingface_hub into `.<name>.hub/` beside it,
-    check it against the size and ETag the Hub announced, then install it.
+    """Fetch `dest.name` from the Hub into `.<name>.hub/<name>.<etag>.incomplete`
+    beside it, check it against the size and ETag the Hub announced, then
+    install it.
 
-    Within a call the library resumes dropped connections itself. A file it
-    finished stays in the staging folder until installed, so a run stopped
-    before that reuses it without a new transfer (huggingface_hub discards a
-    partial transfer, so across runs a file restarts from its first byte).
+    The metadata and the transfer go through huggingface_hub's own client
+    and `http_get` (its endpoint, token, redirects, retries); the bytes go
+    to a partial file of ours that an interrupted run (Ctrl-C, kill -9, a
+    dropped network) leaves behind and the next run continues with an HTTP
+    Range request (`hf_hub_download` itself starts every run from byte 0).
+    A resumed file that fails the checks is fetched once more from byte 0.
     """
-    from huggingface_hub import get_hf_file_metadata, hf_hub_download
-
     staging = staging_path(dest)
-    _prepare_staging(staging)
+    resumed = False
+    with contextlib.suppress(OSError):
+        resumed = any(staging.glob("*.incomplete"))
+    try:
+        return _fetch_from_hub(url, dest, endpoint, timeout, staging)
+    except IntegrityError:
+        linksafe.remove_leftover(staging)
+        if not resumed:
+            raise
+    return _fetch_from_hub(url, dest, endpoint, timeout, staging)
+
+
+def _fetch_from_hub(
+    url: str, dest: Path, endpoint: str, timeout: float, staging: Path
+) -> str:
+    """One run of the Hub transfer into the staging folder, then the checks
+    (the folder goes after them; a partial stays only on an interruption)."""
+    from huggingface_hub import get_hf_file_metadata
+
     watch = new_watch(timeout)
-    try:
-        with watch, _hub_settings(timeout, _HubGuard(watch)):
-            meta = get_hf_file_metadata(url, endpoint=endpoint, timeout=timeout)
-            staged = Path(
-                hf_hub_download(
-                    REPO_ID,
-                    dest.name,
-                    revision="main",
-                    local_dir=staging,
-                    endpoint=endpoint,
-                    etag_timeout=timeout,
-                    tqdm_class=progress_class(watch, dest.name, meta.size),
-                )
+    with watch, _hub_settings(timeout, _HubGuard(watch)):
+        meta = get_hf_file_metadata(url, endpoint=endpoint, timeout=timeout)
+        part = _hub_partial(staging, dest.name, meta.etag)
+        have = linksafe.part_size(part)
+        if meta.size is not None and have > meta.size:
+            linksafe.remove_leftover(part)
+            have = 0
+        try:
+            _hub_transfer(
+                meta, part, dest.name, have, progress_class(watch, dest.name, meta.size)
             )
-    except BaseException:
-        if not (staging / dest.name).is_file():  # nothing worth keeping
-            linksafe.remove_leftover(staging)
-        raise
+        except BaseException:
+            if linksafe.part_size(part) == 0:  # nothing worth keeping
+                linksafe.remove_leftover(staging)
+            raise
     try:
-        return _check_hub_file(staged, dest, url, meta)
+        return _check_hub_file(part, dest, url, meta)
     finally:  # installed, or not worth keeping: either way start clean
         linksafe.remove_leftover(staging)
+
+
+def _hub_transfer(
+    meta: Any, part: Path, name: str, have: int, tqdm_class: type
+) -> None:
+    """The bytes of the file into `part`: by the library's Xet client where
+    it would use one (its chunk cache keeps what an interrupted run got),
+    else by its `http_get` from byte `have` on (HTTP Range)."""
+    from huggingface_hub import constants, file_download
+    from huggingface_hub.utils import build_hf_headers
+
+    headers = {**build_hf_headers(), "Accept-Encoding": "identity"}
+    xet = getattr(meta, "xet_file_data", None)
+    if (
+        xet is not None
+        and not constants.HF_HUB_DISABLE_XET
+        and (file_download.is_xet_available())
+    ):
+        linksafe.remove_leftover(part)
+        file_download.xet_get(
+            incomplete_path=part, xet_file_data=xet, headers=headers,
+            expected_size=meta.size, displayed_filename=name, tqdm_class=tqdm_class,
+        )  # fmt: skip
+        return
+    with linksafe.open_part(part, append=have > 0) as f:
+        file_download.http_get(
+            meta.location, f, resume_size=have, headers=headers,
+            expected_size=meta.size, displayed_filename=name, tqdm_class=tqdm_class,
+        )  # fmt: skip
 
 
 def _check_hub_file(staged: Path, dest: Path, url: str, meta: Any) -> str:

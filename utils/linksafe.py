@@ -3,7 +3,7 @@
 A download folder may be shared, world-writable, or unpacked from an archive
 that ships symbolic links. A link planted under one of the names the
 download works with (`<name>.part`, the Hub staging folder `.<name>.hub`,
-the lock file `.download.lock`) would make a plain `open` append the weights
+a lock file `.<name>.lock`) would make a plain `open` append the weights
 to the link's target, or make a cleanup recurse into and delete from the
 folder it points to. So: such a link is removed (the link only, never its
 target) with one line naming it; partial files are opened with `O_NOFOLLOW`
@@ -29,6 +29,7 @@ __all__ = [
     "part_size",
     "prepare_folder",
     "remove_leftover",
+    "untrusted_reason",
 ]
 
 log = get_logger(__name__)
@@ -136,3 +137,82 @@ def remove_leftover(path: Path) -> None:
     else:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+
+
+# --------------------------------------------------------------------------
+# Folders another user could change
+# --------------------------------------------------------------------------
+
+
+def untrusted_reason(folder: str | os.PathLike) -> str | None:
+    """Why a file in `folder` (which need not exist yet) could be swapped by
+    another user, or None where it cannot: the one rule for every cache and
+    store that later code loads, links or reuses.
+
+    Each folder on the way down from `/` to `folder` (as written, and as its
+    links resolve) must belong to this user or to root, and must not be
+    writable by anyone else. A sticky folder writable by all (`/tmp`) is fine
+    as long as the next folder in the path is this user's or root's: only
+    its owner may rename or remove it there. A link on the way must belong
+    to this user or root. None on systems without user ids (Windows)."""
+    if not hasattr(os, "getuid"):
+        return None
+    path = Path(os.path.abspath(folder))
+    for chain in (path, Path(os.path.realpath(path))):
+        reason = _chain_reason(chain)
+        if reason is not None:
+            return reason
+    return None
+
+
+def _chain_reason(path: Path) -> str | None:
+    """`untrusted_reason` for the components of one absolute path, from the
+    root down to the deepest one that exists."""
+    uid = os.getuid()
+    above: tuple[Path, os.stat_result] | None = None  # the folder checked last
+    for part in [*reversed(path.parents), path]:
+        try:
+            st = os.lstat(part)
+        except (FileNotFoundError, NotADirectoryError):
+            break  # made later, or a file in the way: said where it is made
+        except OSError as exc:  # e.g. no permission to look
+            return f"{part} cannot be examined ({exc.strerror})"
+        if st.st_uid not in (0, uid):
+            return f"{part} belongs to another user (uid {st.st_uid})"
+        if above is not None and _others_may_write(above[1], child_ours=True):
+            return _writable(*above)
+        above = (part, st)
+    if above is not None and _others_may_write(above[1], child_ours=False):
+        return _writable(*above)
+    return None
+
+
+def _others_may_write(st: os.stat_result, child_ours: bool) -> bool:
+    """Whether users other than this one may add, rename or remove entries
+    of a folder with status `st` (a sticky folder protects entries that are
+    this user's or root's, `child_ours`)."""
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    if st.st_mode & stat.S_ISVTX and child_ours:
+        return False
+    if st.st_mode & stat.S_IWOTH:
+        return True
+    return bool(st.st_mode & stat.S_IWGRP) and not _private_group(st.st_gid)
+
+
+def _private_group(gid: int) -> bool:
+    """Whether group `gid` is this user's own group with nobody else in it
+    (the "user private group" many systems give each account)."""
+    import grp
+    import pwd
+
+    try:
+        user = pwd.getpwuid(os.getuid()).pw_name
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return gid == os.getgid() and group.gr_name == user and set(group.gr_mem) <= {user}
+
+
+def _writable(folder: Path, st: os.stat_result) -> str:
+    return f"{folder} can be written by other users (mode {stat.S_IMODE(st.st_mode):o})"

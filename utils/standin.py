@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from utils import provenance, settings
+from utils import linksafe, provenance, settings
 from utils.fileio import atomic_output, atomic_place, atomic_write_bytes
 from utils.log import get_logger
 from utils.provenance import print_standin_banner
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [  # print_standin_banner: the notebooks import it from here
+    "StandinFolderError",
     "provide_standins",
     "print_standin_banner",
     "refuse_to_replace_real",
@@ -55,6 +56,11 @@ FORMAT_VERSION = 2
 SEEDS = {"base": 20250601, "reasoning": 20250602}
 
 log = get_logger(__name__)
+
+
+class StandinFolderError(OSError, ValueError):
+    """The stand-in files cannot be written where they are kept. A
+    ValueError too, so the commands report it in one line."""
 
 
 def standin_enabled() -> bool:
@@ -217,22 +223,50 @@ def write_standin_tokenizer(path: str | os.PathLike, kind: str = "base") -> Path
 # --------------------------------------------------------------------------
 
 
+def _unwritable(folder: Path, exc: OSError) -> StandinFolderError:
+    return StandinFolderError(
+        f"cannot write the stand-in files in {folder}/ ({exc.strerror or exc}): "
+        f"set {DIR_ENV} to a folder you can write to"
+    )
+
+
+def _check_trust(folder: Path) -> None:
+    """Refuse a stand-in folder that another user could change (their
+    files would be loaded as ours): `utils.linksafe.untrusted_reason`, judged
+    once the folder is made (a new one under /tmp is this user's own)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if not folder.is_dir():  # nothing there to distrust: say why
+            raise _unwritable(folder, exc) from exc
+    reason = linksafe.untrusted_reason(folder)
+    if reason is not None:
+        raise StandinFolderError(
+            f"cannot use the stand-in files in {folder}/: {reason}, so another "
+            f"user could replace them; set {DIR_ENV} to a folder of your own"
+        )
+
+
 def provide_standins(out: Path, kind: str, names: list[str]) -> list[Path]:
     """Stand-ins for the book's files `names` of `kind`, in
     `standin_files_dir()` (built once, then reused); `out`, the folder the
     caller asked for, is only named in the message and never touched."""
     print_standin_banner()
     folder = standin_files_dir()
+    _check_trust(folder)
     paths = [folder / name for name in names]
     for path in paths:
         if path.is_file() and provenance.sidecar_path(path).is_file():
             continue  # already a stand-in
         refuse_to_replace_real(path)
-        provenance.record_path(path).unlink(missing_ok=True)  # never "verified"
-        if path.suffix == ".pth":
-            write_standin_weights(path, kind)
-        else:
-            write_standin_tokenizer(path, kind)
+        try:
+            provenance.record_path(path).unlink(missing_ok=True)  # never "verified"
+            if path.suffix == ".pth":
+                write_standin_weights(path, kind)
+            else:
+                write_standin_tokenizer(path, kind)
+        except OSError as exc:
+            raise _unwritable(folder, exc) from exc
     log.info(
         f"Stand-in files in {folder}/ (no download: QWEN3_STANDIN is set; "
         f"nothing in {out}/ was touched)"

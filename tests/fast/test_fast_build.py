@@ -7,6 +7,7 @@ test build adds tests/fast/csrc's, the reader's library has none of them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -320,3 +321,86 @@ def test_macos_tries_pytorchs_libomp_first(monkeypatch, tmp_path):
     assert rest == [["-fopenmp"], []]
     monkeypatch.setattr(build.platform, "system", lambda: "Linux")
     assert build.openmp_flags() == [["-fopenmp"], []]
+
+
+# --------------------------------------------------------------------------
+# A cache another user could change; a cache that cannot be made or filled
+# --------------------------------------------------------------------------
+
+NOBODY = 65534
+needs_root = pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0,
+    reason="needs root (a folder of another user, a tmpfs)",
+)
+
+
+@needs_root
+def test_private_cache_under_a_folder_of_another_user_is_refused(tmp_path, caplog):
+    """A private `kernels/` under a 0777 folder of uid 65534: that user could
+    rename it away and put a folder with their library in its place between
+    the check and the load. Refused before anything is built or loaded; the
+    engine says so in one line and uses torch's matmul."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chown(shared, NOBODY, NOBODY)
+    shared.chmod(0o777)
+    cache = shared / "kernels"
+    cache.mkdir(mode=0o700)
+    with pytest.raises(RuntimeError) as err:
+        build.build_and_load(cache)
+    message = str(err.value)
+    assert f"{shared} belongs to another user (uid {NOBODY})" in message
+    assert "QWEN3_KERNEL_CACHE" in message and "\n" not in message
+    assert list(cache.iterdir()) == []  # nothing built there
+    os.chown(shared, 0, 0)
+    shared.chmod(0o1777)  # root's and sticky, like /tmp: others may not
+    assert build.linksafe.untrusted_reason(cache) is None  # rename ours
+
+
+@needs_root
+def test_cache_in_a_folder_others_can_write_is_refused_by_the_engine(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    proc = run_python(USE_KERNEL.replace('print("path', "#"), shared / "kernels")
+    assert proc.stdout == ""
+    assert "using torch's matmul instead of the C kernels" in proc.stderr
+    assert f"{shared} can be written by other users (mode 777)" in proc.stderr
+
+
+def test_cache_path_that_is_a_file_says_so_in_one_line(tmp_path):
+    cache = tmp_path / "kernels"
+    cache.write_text("not a folder")
+    for path in (cache, cache / "below"):
+        with pytest.raises(RuntimeError) as err:
+            build.build_and_load(path)
+        assert str(err.value).startswith(f"the kernel cache {path} is a file")
+        assert "QWEN3_KERNEL_CACHE" in str(err.value)
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 kB tmpfs, filled up (root only; unmounted afterwards)."""
+    folder = tmp_path / "full"
+    folder.mkdir(mode=0o700)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs",
+                    str(folder)], check=True)  # fmt: skip
+    try:
+        with contextlib.suppress(OSError), (folder / "filler").open("wb") as f:
+            f.write(b"\0" * (1 << 20))
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+@needs_root
+@pytest.mark.skipif(build.find_compiler() is None, reason="no C compiler")
+def test_cache_on_a_full_disk_names_the_folder_and_the_fix(full_disk):
+    cache = full_disk / "kernels"
+    with pytest.raises(RuntimeError) as err:
+        build.build_and_load(cache)
+    assert str(err.value) == (
+        f"no space left in the kernel cache {cache}: free some space there, "
+        "or set QWEN3_KERNEL_CACHE to a folder on another disk"
+    )
+    assert [p.name for p in cache.iterdir()] == []  # no half-built file left

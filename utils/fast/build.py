@@ -10,7 +10,9 @@ the OpenMP runtime PyTorch ships first.
 
 Entry points and types are read from the C prototypes (`csrc/api.h`). The
 library is cached under a hash of the sources, compiler and flags, loaded
-only from a folder of the user's own that nobody else may write, after its
+only from a folder of the user's own that nobody else may write, under
+folders nobody else may write either (else another user could swap the
+folder between the check and the load), after its
 SHA-256 matches the record written at build time (`utils.provenance`). A
 new build is renamed into place (a mapped library never changes); one
 with another ABI number is rebuilt. `get_library(testing=True)` adds
@@ -20,6 +22,7 @@ with another ABI number is rebuilt. `get_library(testing=True)` adds
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import hashlib
 import os
@@ -34,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from utils import provenance, settings
+from utils import linksafe, provenance, settings
 from utils.errors import first_line
 from utils.log import get_logger
 
@@ -166,6 +169,45 @@ def check_private_dir(path: Path) -> None:
     raise RuntimeError(f"{path} {problem}; set QWEN3_KERNEL_CACHE to a private folder")
 
 
+def prepare_cache(cache_dir: Path) -> None:
+    """Make the kernel cache (private) and refuse it, in one line naming the
+    folder and the fix, where it is no folder, or where another user could
+    put a library of their own in it: the folder itself, or any folder above
+    it (`utils.linksafe.untrusted_reason`, checked before anything there is
+    built or loaded)."""
+    fix = "set QWEN3_KERNEL_CACHE to a folder of your own"
+    try:
+        cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise RuntimeError(
+            f"the kernel cache {cache_dir} is a file, or lies under one: "
+            f"move that file away or {fix}"
+        ) from None
+    except OSError as exc:
+        raise RuntimeError(
+            f"cannot make the kernel cache {cache_dir} ({exc.strerror}); {fix}"
+        ) from None
+    check_private_dir(cache_dir)
+    reason = linksafe.untrusted_reason(cache_dir)
+    if reason is not None:
+        raise RuntimeError(f"the kernel cache {cache_dir} is not safe: {reason}; {fix}")
+
+
+def _no_space(cache_dir: Path, exc: BaseException) -> RuntimeError | None:
+    """The one-line error for a build that failed on a full disk (the
+    compiler's or assembler's own line names a temporary file instead)."""
+    text = f"{exc} {getattr(exc, 'output', '')}"
+    full = getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or (
+        "No space left" in text or "Disk quota" in text
+    )
+    if not full:
+        return None
+    return RuntimeError(
+        f"no space left in the kernel cache {cache_dir}: free some space there, "
+        "or set QWEN3_KERNEL_CACHE to a folder on another disk"
+    )
+
+
 def verified(path: Path) -> bool:
     """Whether `path` is ours, private, and the library its build recorded
     (always hashed: the file is small and is about to run)."""
@@ -224,7 +266,9 @@ def _run_all(commands: list[list[str]]) -> None:
             out = proc.communicate(timeout=300)[0]
             if proc.returncode != 0:
                 detail = (out or "").strip().splitlines() or [proc.returncode]
-                raise RuntimeError(f"{Path(command[0]).name} failed: {detail[0]}")
+                error = RuntimeError(f"{Path(command[0]).name} failed: {detail[0]}")
+                error.output = out  # type: ignore[attr-defined]  # all of it
+                raise error
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -236,7 +280,10 @@ def _compile(compiler: str, flags: list[str], cache_dir: Path, testing: bool) ->
     """Compile the sources to a fresh file in `cache_dir`; returns its path.
     One compiler per source file, all at once, then one link:
     the first `--fast` run waits for the slowest file, not for their sum."""
-    fd, out = tempfile.mkstemp(dir=cache_dir, prefix=".build-", suffix=".so")
+    try:
+        fd, out = tempfile.mkstemp(dir=cache_dir, prefix=".build-", suffix=".so")
+    except OSError as exc:
+        raise _no_space(cache_dir, exc) or exc from None
     os.close(fd)
     extra = ["-DQWEN3_TESTING", f"-I{CSRC}", f"-I{TEST_CSRC}"] if testing else []
     try:
@@ -249,9 +296,9 @@ def _compile(compiler: str, flags: list[str], cache_dir: Path, testing: bool) ->
             ]
             _run_all(commands)
             _run_all([[compiler, *flags, *objects, "-o", out]])
-    except (OSError, RuntimeError, subprocess.SubprocessError):
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         Path(out).unlink(missing_ok=True)
-        raise
+        raise _no_space(cache_dir, exc) or exc from None
     os.chmod(out, 0o755)  # the linker applies the umask (maybe group-writable)
     return Path(out)
 
@@ -285,8 +332,7 @@ def build_and_load(cache_dir: Path, testing: bool = False) -> Library:
             "no C compiler found (install gcc, e.g. `sudo apt install "
             "build-essential`, or set CC)"
         )
-    cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    check_private_dir(cache_dir)
+    prepare_cache(cache_dir)
     ident = _compiler_id(compiler).encode()
     source = b"\0".join(p.name.encode() + b"\0" + p.read_bytes()
                         for p in _sources(testing))  # fmt: skip
@@ -318,7 +364,7 @@ def _library_for(cache_dir: str, testing: bool) -> Library | None:
         try:
             return build_and_load(Path(cache_dir), testing)
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-            reason = first_line(exc, 200)
+            reason = first_line(exc, 400)  # two paths and the fix
     _log.warning("using torch's matmul instead of the C kernels (%s)", reason)
     return None
 
