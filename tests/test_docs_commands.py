@@ -116,3 +116,39 @@ def test_each_command_in_the_docs_parses(doc, command, capsys):
 def test_a_command_missing_a_required_option_is_caught():
     with pytest.raises(AssertionError, match="does not parse"):
         _parse("python -m utils.hf_interop import-qwen3 PATH")
+
+
+def test_imports_in_the_docs_fill_a_folder_the_notebooks_read():
+    """Every `import-qwen3` the docs print puts the files where notebooks
+    look: the model store (`--store`, every folder links from it), or the
+    `qwen3/` folder of the notebooks in the page's language (a Chinese page
+    must not fill the English notebooks' folder)."""
+    imports = [(d, c) for d, c in COMMANDS if "import-qwen3" in c]
+    assert any(d.endswith(".zh.md") for d, _ in imports)
+    for doc, command in imports:
+        words = shlex.split(command)
+        if "--store" in words:
+            continue
+        assert "--out-dir" in words, f"{doc}: {command!r} fills ./qwen3"
+        folder = words[words.index("--out-dir") + 1].rstrip("/")
+        wanted = "ch02/01_main-chapter-code" + ("/zh" if ".zh." in doc else "")
+        assert folder == f"{wanted}/qwen3", f"{doc}: {command!r}"
+
+
+# "copy the qwen3/ folder ...", "把整个 `qwen3/` 文件夹……复制过去", "cp -r ... qwen3"
+COPY_MODEL_FILES = re.compile(
+    r"\b[Cc]opy (?!of\b)(?:the |your |both |that )?[^.]{0,60}?(?:qwen3/|model files)"
+    r"|把[^。]{0,80}复制过去|复制[^。]{0,20}(?:qwen3/|模型文件)|cp -r[^\n]*qwen3"
+)
+
+
+def test_no_page_tells_a_reader_to_copy_model_files():
+    """The model store links the files into each notebook folder; a page
+    that says to copy `qwen3/` between folders is out of date."""
+    pages = [*DOCS, *ROOT.glob("ch02/**/*.ipynb")]
+    said = [
+        f"{p.relative_to(ROOT)}: {m.group(0)!r}"
+        for p in pages
+        for m in COPY_MODEL_FILES.finditer(p.read_text(encoding="utf-8"))
+    ]
+    assert not said, said
