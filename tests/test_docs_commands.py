@@ -152,3 +152,55 @@ def test_no_page_tells_a_reader_to_copy_model_files():
         for m in COPY_MODEL_FILES.finditer(p.read_text(encoding="utf-8"))
     ]
     assert not said, said
+
+
+# What the README says a failed download prints, and what it does print.
+DOWNLOAD_HINTS = {  # the README's words -> what the message must contain
+    "proxy": "HTTPS_PROXY",
+    "captive portal": "captive portal",
+    "`HF_ENDPOINT`": "HF_ENDPOINT=https://hf-mirror.com",
+    "`QWEN3_DOWNLOAD_TIMEOUT`": "QWEN3_DOWNLOAD_TIMEOUT=",
+    "ModelScope": "ModelScope",
+    "`import-qwen3`": "import-qwen3 FOLDER --kind base",
+    "`QWEN3_STANDIN=1`": "QWEN3_STANDIN=1",
+}
+
+
+def readme_failed_download() -> str:
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    start = text.index("A failed download ends the same way")
+    return text[start : text.index(".", text.index("lines", start))]
+
+
+def test_a_failed_download_prints_what_the_readme_says(tmp_path):
+    """Offline, `qwen3-generate` ends with progress lines (each source as it
+    fails), then one `error:` line, the addresses tried and the hints the
+    README lists; about as many lines as the README says; exit status 2."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QWEN3_")}
+    env.update(HOME=str(tmp_path), QWEN3_MODEL_STORE=str(tmp_path / "store"),
+               HF_ENDPOINT="http://127.0.0.1:9", QWEN3_BACKUP_URL="http://127.0.0.1:9",
+               XDG_CACHE_HOME=str(tmp_path / "cache"))  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "utils.cli", "generate", "--prompt", "hi"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    errors = [
+        i for i, line in enumerate(lines) if line.startswith("qwen3-generate: error: ")
+    ]
+    assert len(errors) == 1, proc.stderr
+    before, after = lines[: errors[0]], "\n".join(lines[errors[0] :])
+    assert sum("failed: connection refused" in line for line in before) == 2
+    assert after.index("Tried:") < after.index("What you can try:")
+    said = readme_failed_download()
+    for words, shown in DOWNLOAD_HINTS.items():
+        assert words in said, words
+        assert shown in after, shown
+    about = int(re.search(r"about (\d+) lines", said).group(1))
+    assert abs(len(lines) - about) <= 6, (len(lines), about)
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").iterdir())
