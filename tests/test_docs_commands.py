@@ -204,3 +204,21 @@ def test_a_failed_download_prints_what_the_readme_says(tmp_path):
     about = int(re.search(r"about (\d+) lines", said).group(1))
     assert abs(len(lines) - about) <= 6, (len(lines), about)
     assert not (tmp_path / "store").exists() or not any((tmp_path / "store").iterdir())
+
+
+def test_the_readme_starts_with_what_a_reader_needs():
+    """Before the Quick start: where it runs, not test counts."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    before = text[: text.index("## Quick start")]
+    assert not re.search(r"\d+ passed|\d+ skipped", before)
+
+
+def test_pages_that_say_no_sync_say_why():
+    """`--no-sync` on every later `uv run` needs its reason beside it: a
+    plain `uv run` syncs `.venv` to `uv.lock` and puts PyPI's torch back."""
+    for doc in DOCS:
+        text = " ".join(doc.read_text(encoding="utf-8").split())
+        if "--no-sync" in text and "torch-backend" in text:
+            assert re.search(r"uv run`? (first )?(syncs|makes|会先)", text) or (
+                "会先让 `.venv` 与 `uv.lock` 一致" in text
+            ), doc.name
