@@ -172,6 +172,7 @@ def readme_failed_download() -> str:
     return text[start : text.index(".", text.index("lines", start))]
 
 
+@pytest.mark.slow  # a subprocess that imports torch
 def test_a_failed_download_prints_what_the_readme_says(tmp_path):
     """Offline, `qwen3-generate` ends with progress lines (each source as it
     fails), then one `error:` line, the addresses tried and the hints the
