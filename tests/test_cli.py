@@ -620,6 +620,21 @@ def test_slow_runs_print_a_decimal_not_zero():
     assert stats_lines({**stats, "tokens_per_sec": 6.8})[1] == "6 tokens/sec"
 
 
+def test_the_command_prints_one_decimal_below_ten(tiny_cli, capsys, monkeypatch):
+    """The book's int() prints 1.87 tokens/sec as "1"; the command says 1.9
+    (the notebooks keep the book's format)."""
+    real = cli._stream_answer
+
+    def slow(*args):
+        result = real(*args)
+        result.stats["tokens_per_sec"] = 1.87
+        return result
+
+    monkeypatch.setattr(cli, "_stream_answer", slow)
+    assert cli.generate_main(["--prompt", PROMPT, "--max-new-tokens", "3"]) == 0
+    assert "\n1.9 tokens/sec\n" in capsys.readouterr().err
+
+
 def test_prompt_too_long_for_memory_is_refused_before_any_work(
     tiny_cli, monkeypatch, capsys
 ):

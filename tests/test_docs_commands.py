@@ -116,3 +116,110 @@ def test_each_command_in_the_docs_parses(doc, command, capsys):
 def test_a_command_missing_a_required_option_is_caught():
     with pytest.raises(AssertionError, match="does not parse"):
         _parse("python -m utils.hf_interop import-qwen3 PATH")
+
+
+def test_imports_in_the_docs_fill_a_folder_the_notebooks_read():
+    """Every `import-qwen3` the docs print puts the files where notebooks
+    look: the model store (`--store`, every folder links from it), or the
+    `qwen3/` folder of the notebooks in the page's language (a Chinese page
+    must not fill the English notebooks' folder)."""
+    imports = [(d, c) for d, c in COMMANDS if "import-qwen3" in c]
+    assert any(d.endswith(".zh.md") for d, _ in imports)
+    for doc, command in imports:
+        words = shlex.split(command)
+        if "--store" in words:
+            continue
+        assert "--out-dir" in words, f"{doc}: {command!r} fills ./qwen3"
+        folder = words[words.index("--out-dir") + 1].rstrip("/")
+        wanted = "ch02/01_main-chapter-code" + ("/zh" if ".zh." in doc else "")
+        assert folder == f"{wanted}/qwen3", f"{doc}: {command!r}"
+
+
+# "copy the qwen3/ folder ...", "把整个 `qwen3/` 文件夹……复制过去", "cp -r ... qwen3"
+COPY_MODEL_FILES = re.compile(
+    r"\b[Cc]opy (?!of\b)(?:the |your |both |that )?[^.]{0,60}?(?:qwen3/|model files)"
+    r"|把[^。]{0,80}复制过去|复制[^。]{0,20}(?:qwen3/|模型文件)|cp -r[^\n]*qwen3"
+)
+
+
+def test_no_page_tells_a_reader_to_copy_model_files():
+    """The model store links the files into each notebook folder; a page
+    that says to copy `qwen3/` between folders is out of date."""
+    pages = [*DOCS, *ROOT.glob("ch02/**/*.ipynb")]
+    said = [
+        f"{p.relative_to(ROOT)}: {m.group(0)!r}"
+        for p in pages
+        for m in COPY_MODEL_FILES.finditer(p.read_text(encoding="utf-8"))
+    ]
+    assert not said, said
+
+
+# What the README says a failed download prints, and what it does print.
+DOWNLOAD_HINTS = {  # the README's words -> what the message must contain
+    "proxy": "HTTPS_PROXY",
+    "captive portal": "captive portal",
+    "`HF_ENDPOINT`": "HF_ENDPOINT=https://hf-mirror.com",
+    "`QWEN3_DOWNLOAD_TIMEOUT`": "QWEN3_DOWNLOAD_TIMEOUT=",
+    "ModelScope": "ModelScope",
+    "`import-qwen3`": "import-qwen3 FOLDER --kind base",
+    "`QWEN3_STANDIN=1`": "QWEN3_STANDIN=1",
+}
+
+
+def readme_failed_download() -> str:
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    start = text.index("A failed download ends the same way")
+    return text[start : text.index(".", text.index("lines", start))]
+
+
+@pytest.mark.slow  # a subprocess that imports torch
+def test_a_failed_download_prints_what_the_readme_says(tmp_path):
+    """Offline, `qwen3-generate` ends with progress lines (each source as it
+    fails), then one `error:` line, the addresses tried and the hints the
+    README lists; about as many lines as the README says; exit status 2."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QWEN3_")}
+    env.update(HOME=str(tmp_path), QWEN3_MODEL_STORE=str(tmp_path / "store"),
+               HF_ENDPOINT="http://127.0.0.1:9", QWEN3_BACKUP_URL="http://127.0.0.1:9",
+               XDG_CACHE_HOME=str(tmp_path / "cache"))  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "utils.cli", "generate", "--prompt", "hi"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    errors = [
+        i for i, line in enumerate(lines) if line.startswith("qwen3-generate: error: ")
+    ]
+    assert len(errors) == 1, proc.stderr
+    before, after = lines[: errors[0]], "\n".join(lines[errors[0] :])
+    assert sum("failed: connection refused" in line for line in before) == 2
+    assert after.index("Tried:") < after.index("What you can try:")
+    said = readme_failed_download()
+    for words, shown in DOWNLOAD_HINTS.items():
+        assert words in said, words
+        assert shown in after, shown
+    about = int(re.search(r"about (\d+) lines", said).group(1))
+    assert abs(len(lines) - about) <= 6, (len(lines), about)
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").iterdir())
+
+
+def test_the_readme_starts_with_what_a_reader_needs():
+    """Before the Quick start: where it runs, not test counts."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    before = text[: text.index("## Quick start")]
+    assert not re.search(r"\d+ passed|\d+ skipped", before)
+
+
+def test_pages_that_say_no_sync_say_why():
+    """`--no-sync` on every later `uv run` needs its reason beside it: a
+    plain `uv run` syncs `.venv` to `uv.lock` and puts PyPI's torch back."""
+    for doc in DOCS:
+        text = " ".join(doc.read_text(encoding="utf-8").split())
+        if "--no-sync" in text and "torch-backend" in text:
+            assert re.search(r"uv run`? (first )?(syncs|makes|会先)", text) or (
+                "会先让 `.venv` 与 `uv.lock` 一致" in text
+            ), doc.name

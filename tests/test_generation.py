@@ -157,3 +157,15 @@ def test_cached_equals_uncached_and_book_on_06b_standin(standin_06b):
     ref = [t.item() for t in book.generate_text_basic_stream_cache(standin_06b, ids, n)]
     assert cached == plain == ref
     assert len(set(cached)) > 3
+
+
+def test_stats_lines_keep_the_books_whole_numbers_unless_asked():
+    from utils.generation import stats_lines
+
+    stats = {"time_s": 2.0, "tokens_per_sec": 1.87, "peak_mem_bytes": 2**30,
+             "memory_kind": "Peak process memory (RSS)"}  # fmt: skip
+    assert stats_lines(stats)[1] == "1 tokens/sec"  # the book's int()
+    assert stats_lines(stats, decimal_below=10)[1] == "1.9 tokens/sec"
+    assert stats_lines({**stats, "tokens_per_sec": 12.6}, decimal_below=10)[1] == (
+        "12 tokens/sec"
+    )

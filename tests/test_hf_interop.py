@@ -498,6 +498,42 @@ def test_import_qwen3_gives_verified_files_with_transformers_logits(
     assert "already downloaded and verified" in capsys.readouterr().err
 
 
+def test_import_into_the_store_serves_every_notebook_folder(
+    tmp_path, capsys, monkeypatch
+):
+    """`--store`: one import, and the English and Chinese notebooks' qwen3/
+    folders both get the files from the store, with no request."""
+    import os
+
+    from reasoning_from_scratch import qwen3
+
+    from utils.download import download_qwen3_small
+
+    src = official_folder(tmp_path / "src", "base", max_shard_size="100KB")
+    store = tmp_path / "store"
+    monkeypatch.setenv("QWEN3_MODEL_STORE", str(store))
+    monkeypatch.chdir(tmp_path)  # where the default --out-dir would go
+    monkeypatch.setattr(qwen3, "QWEN_CONFIG_06_B", {**TINY, "dtype": torch.bfloat16})
+    argv = ["import-qwen3", str(src), "--kind", "base", "--store"]
+    assert hf_interop.main(argv) == 0
+    assert str(store / "qwen3-0.6B-base.pth") in capsys.readouterr().out
+    assert not (tmp_path / "qwen3").exists()
+
+    monkeypatch.delenv("QWEN3_STANDIN", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # would fail if used
+    monkeypatch.setenv("QWEN3_BACKUP_URL", "http://127.0.0.1:9")
+    for folder in ("nb/qwen3", "nb/zh/qwen3"):
+        files = download_qwen3_small("base", out_dir=tmp_path / folder)
+        assert files.model == tmp_path / folder / "qwen3-0.6B-base.pth"
+        assert not files.standin
+        assert os.path.samefile(files.model, store / "qwen3-0.6B-base.pth")
+
+    with pytest.raises(SystemExit) as refused:
+        hf_interop.main([*argv, "--out-dir", "x"])
+    assert refused.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
 def test_import_replaces_standins_and_refuses_wrong_folders(
     tmp_path, capsys, monkeypatch
 ):

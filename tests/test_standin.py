@@ -142,3 +142,25 @@ def test_a_read_only_home_names_the_stand_in_folder(tmp_path, monkeypatch):
         assert str(standin.standin_files_dir()).startswith(str(home))
     finally:
         subprocess.run(["umount", "-l", str(home)], check=False)
+
+
+def test_the_banner_comes_with_weights_not_with_a_tokenizer(
+    tmp_path, cache, monkeypatch
+):
+    """The "gibberish" banner warns about random weights; a cell that loads
+    only the (real, rebuilt) tokenizer shows no banner."""
+    from utils.download import download_qwen3_small
+
+    shown = []
+    monkeypatch.setattr(standin, "print_standin_banner", lambda: shown.append(1))
+    monkeypatch.setenv(standin.STANDIN_ENV, "1")
+    monkeypatch.setenv(standin.DIR_ENV, str(tmp_path / "files"))
+    original = standin.write_standin_weights  # a tiny checkpoint will do
+    monkeypatch.setattr(
+        standin, "write_standin_weights", lambda p, kind: original(p, kind, cfg=TINY)
+    )
+    files = download_qwen3_small("base", tokenizer_only=True, out_dir=tmp_path / "q")
+    assert files.standin and files.model is None
+    assert shown == []
+    standin.provide_standins(tmp_path / "q", "base", ["qwen3-0.6B-base.pth"])
+    assert shown == [1]

@@ -318,3 +318,18 @@ def test_sync_writes_missing_notebooks_and_check_reports(tmp_path, capsys):
     assert "markdown still in English: t, m" in capsys.readouterr().out
     assert sync.sync(en_dir, zh_dir, check=True) == 0
     assert sync.main(["--check"]) in (0, 1)  # the real folders: runs
+
+
+def test_the_zh_folder_holds_only_notebooks():
+    """JupyterLab lists everything in `zh/` beside the notebooks; test
+    settings (which zh notebooks pytest runs) live in the root conftest.py."""
+    import subprocess
+
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "--", "."], cwd=ZH_DIR, capture_output=True,
+            text=True, check=True,
+        ).stdout.split()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    assert listed and all(name.endswith(".ipynb") for name in listed), listed

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import io
 import warnings
+from pathlib import Path
 
 import matplotlib
+import nbformat
 import pytest
 
 matplotlib.use("Agg")
@@ -82,6 +84,30 @@ def test_without_a_cjk_font_labels_stay_english_with_one_warning(monkeypatch):
     assert any("missing from font" in m for m in draw("每秒 token 数"))
 
 
+def test_english_labels_never_warn_about_fonts(monkeypatch):
+    """The "install a CJK font" hint is for the Chinese notebooks only."""
+    monkeypatch.setattr(plotting, "CJK_FONTS", ("No Such CJK Font",))
+    monkeypatch.setattr(plotting, "_CJK_FILE_HINTS", ())
+    monkeypatch.setenv(plotting.LANG_ENV, "en")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plotting.chart_text("tokens/sec") == "tokens/sec"
+
+
+def test_the_current_figures_own_fonts_keep_first_place():
+    """Text made before the first label (a monospace tick label, say) keeps
+    its family and gains the CJK fallback after it."""
+    name = plotting.find_cjk_font()
+    if name is None:
+        pytest.skip("no CJK font installed (e.g. apt install fonts-noto-cjk)")
+    fig, ax = plt.subplots()
+    ax.set_yticks([0, 1], ["a", "b"], fontfamily="monospace")
+    plotting.chart_text("probability")
+    assert ax.title.get_fontfamily() == ["sans-serif", name]
+    assert ax.get_yticklabels()[0].get_fontfamily() == ["monospace", name]
+    plt.close(fig)
+
+
 def test_with_a_cjk_font_chinese_labels_render(monkeypatch):
     if plotting.find_cjk_font() is None:
         pytest.skip("no CJK font installed (e.g. apt install fonts-noto-cjk)")
@@ -117,3 +143,123 @@ def test_every_translation_keeps_the_format_fields():
     for english, chinese in plotting.ZH_CHART_TEXT.items():
         assert fields(english) == fields(chinese), english
         assert chinese.strip(), english
+
+
+# --- every chart cell of the notebooks, en and zh, in either order ----------
+
+NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "ch02" / "01_main-chapter-code"
+# The ten ids notebook 03's seeded stand-in ranks first after its prompt
+# (three of them Chinese: '优先', '其所', '取暖'; one Arabic, one Cyrillic).
+STANDIN_TOP_IDS = [104747, 111014, 41954, 14177, 115693]
+STANDIN_TOP_IDS += [23528, 125696, 63493, 126219, 54520]
+
+
+def chart_cells() -> list[tuple[Path, str]]:
+    """(notebook, source) of every code cell that draws with pyplot."""
+    cells = []
+    notebooks = [*NOTEBOOK_DIR.glob("*.ipynb"), *NOTEBOOK_DIR.glob("zh/*.ipynb")]
+    for path in sorted(notebooks):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code" and "plt.subplots" in cell.source:
+                cells.append((path, cell.source))
+    return cells
+
+
+def chart_inputs(stem: str, tok) -> dict:
+    """What the chart cell of notebook `stem` reads from the cells before it
+    (the real figures' shapes; the model itself is not needed)."""
+    import torch
+    from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B
+
+    mine = {"Regular": 1.2, "Regular compiled": 1.5, "KV cache": 8.0}
+    mine["KV cache compiled"] = 9.5
+    inputs = {
+        "02_load-model": {
+            "bytes_per_param": {"float32": 4, "bfloat16": 2},
+            "total_params": 751_632_384,
+            "unique_params": 596_049_920,
+        },
+        "03_next-token": {
+            "tokenizer": tok,
+            "top_ids": torch.tensor(STANDIN_TOP_IDS),
+            "top_probas": torch.linspace(0.49, 0.01, 10),
+        },
+        "05_kv-cache": {
+            "torch": torch,
+            "model": torch.nn.Linear(4, 4),
+            "cfg": QWEN_CONFIG_06_B,
+            "bytes_per_element": 2,
+            "bytes_per_token": 114_688,
+        },
+        "06_compile": {
+            "mine": mine,
+            "book": {
+                "Mac Mini M4 CPU": [5, 6, 28, 68],
+                "This machine (cpu)": [1, 2, 8, 9],
+            },
+        },
+    }
+    return inputs[stem]
+
+
+def run_chart_cell(source: str, namespace: dict, labels_first: bool) -> list[str]:
+    """Run a chart cell as a notebook kernel would (any warning an error),
+    drawing what `plt.show()` shows; the text of the figure's labels.
+    `labels_first`: every `chart_text` label of the cell is made once before
+    the cell runs (the order that worked before `chart_text` fixed fonts on
+    the current figure)."""
+    from tests.test_zh_notebooks import chart_text_literals
+
+    drawn: list[str] = []
+
+    def show() -> None:
+        for number in plt.get_fignums():
+            fig = plt.figure(number)
+            fig.savefig(io.BytesIO(), format="png")
+            drawn.extend(t.get_text() for t in fig.findobj(matplotlib.text.Text))
+            plt.close(fig)
+
+    plt.close("all")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        if labels_first:
+            for text in chart_text_literals(source):
+                plotting.chart_text(text)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(plt, "show", show)
+            exec(compile(source, "<chart cell>", "exec"), namespace)
+    return drawn
+
+
+def test_every_notebook_has_its_charts():
+    found = {(p.parent.name, p.stem) for p, _ in chart_cells()}
+    stems = {"02_load-model", "03_next-token", "05_kv-cache", "06_compile"}
+    assert found == {(d, s) for d in ("01_main-chapter-code", "zh") for s in stems}
+
+
+def cell_id(value: object) -> str:
+    return f"{value.parent.name}/{value.stem}" if isinstance(value, Path) else ""
+
+
+@pytest.mark.parametrize(
+    "labels_first", [False, True], ids=["figure-first", "labels-first"]
+)
+@pytest.mark.parametrize(("path", "source"), chart_cells(), ids=cell_id)
+def test_chart_cells_draw_every_glyph(path, source, labels_first, tok, monkeypatch):
+    """No "Glyph ... missing from font(s)" (boxes): Chinese labels in zh/,
+    the stand-in's Chinese tokens in notebook 03, whichever comes first."""
+    import re
+
+    import matplotlib.text  # noqa: F401  (run_chart_cell reads Text objects)
+
+    if plotting.find_cjk_font() is None:
+        pytest.skip("no CJK font installed (e.g. apt install fonts-noto-cjk)")
+    monkeypatch.chdir(path.parent)  # as Jupyter runs it: zh/ means Chinese
+    drawn = run_chart_cell(source, chart_inputs(path.stem, tok), labels_first)
+    chinese = {t for t in drawn if re.search(r"[\u4e00-\u9fff]", t)}
+    if path.parent.name == "zh":
+        assert len(chinese) >= 2, drawn  # the title and an axis label at least
+    elif path.stem == "03_next-token":
+        assert len(chinese) == 3, drawn  # the stand-in's Chinese tokens
+    else:
+        assert not chinese, drawn

@@ -324,7 +324,7 @@ def _generate(argv: Sequence[str] | None) -> int:
     if result.stats:
         from utils.generation import stats_lines
 
-        _say("\n" + "\n".join(stats_lines(result.stats)))
+        _say("\n" + "\n".join(stats_lines(result.stats, decimal_below=10)))
     else:
         _say("\nNo tokens generated (the model ended the text at once).")
     if args.print_ids:

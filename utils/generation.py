@@ -111,15 +111,16 @@ def generate_text_basic_stream_cache(
     return _stream_cache(model, token_ids, max_new_tokens, eos_token_id)
 
 
-def stats_lines(stats: dict[str, Any]) -> list[str]:
+def stats_lines(stats: dict[str, Any], decimal_below: float = 1.0) -> list[str]:
     """The book's printed lines for a `generate_stats` result: time,
-    tokens/sec (a whole number as in the book; one decimal below 1, where
-    the book's `int()` would print 0) and peak memory."""
+    tokens/sec (a whole number as in the book; one decimal below
+    `decimal_below`: 1 in the notebooks, where the book's `int()` would print
+    0; the commands pass 10, so 1.87 reads "1.9", not "1") and peak memory."""
     rate = stats["tokens_per_sec"]
     if not math.isfinite(rate):
         speed = "n/a tokens/sec (too short to time)"
     else:
-        speed = f"{int(rate) if rate >= 1 else round(rate, 1)} tokens/sec"
+        speed = f"{int(rate) if rate >= decimal_below else round(rate, 1)} tokens/sec"
     memory = f"{stats['memory_kind']}: {stats['peak_mem_bytes'] / 1024**3:.2f} GB"
     return [f"Time: {stats['time_s']:.2f} sec", speed, memory]
 

@@ -554,7 +554,7 @@ PROG = "python -m utils.hf_interop"
 
 
 def build_parser() -> CommandParser:
-    """`import-qwen3 PATH --kind base|reasoning [--out-dir DIR]`."""
+    """`import-qwen3 PATH --kind base|reasoning [--out-dir DIR | --store]`."""
     parser = CommandParser(
         prog=PROG,
         description="Convert between official Qwen3 checkpoints and the book's files.",
@@ -573,7 +573,7 @@ def build_parser() -> CommandParser:
             "verification record the notebooks' download accepts."
         ),
         epilog="Example: uv run python -m utils.hf_interop import-qwen3 "
-        "Qwen3-0.6B-Base --kind base --out-dir ch02/01_main-chapter-code/qwen3",
+        "Qwen3-0.6B-Base --kind base --store",
     )
     imp.add_argument("path", help="folder with config.json, tokenizer.json, weights")
     imp.add_argument(
@@ -582,17 +582,28 @@ def build_parser() -> CommandParser:
         choices=["base", "reasoning"],
         help="base for Qwen3-0.6B-Base, reasoning for Qwen3-0.6B",
     )
-    imp.add_argument(
+    where = imp.add_mutually_exclusive_group()
+    where.add_argument(
         "--out-dir", default="qwen3", help="where the book's files go (the "
         "notebooks read the qwen3/ folder next to them)"
+    )  # fmt: skip
+    where.add_argument(
+        "--store", action="store_true", help="put them into the per-user model "
+        "store instead (QWEN3_MODEL_STORE, else ~/.cache/qwen3-ch02/models), "
+        "where every notebook folder, English and Chinese, and the commands "
+        "find them"
     )  # fmt: skip
     return parser
 
 
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    from utils.model_store import store_dir
+
     try:
-        files = import_qwen3(args.path, args.kind, args.out_dir)
+        files = import_qwen3(
+            args.path, args.kind, store_dir() if args.store else args.out_dir
+        )
     except (OSError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     for path in files:

@@ -6,10 +6,14 @@ cell, so a chart cell writes its labels through `chart_text`:
     ax.set_title(chart_text("KV cache memory of Qwen3 0.6B"))
 
 In a notebook that runs in a folder named `zh` (or with `QWEN3_LANG=zh`) this
-returns the Chinese label from `ZH_CHART_TEXT` and makes matplotlib use a CJK
-font; elsewhere it returns the English text unchanged. Where no CJK font is
-installed the labels stay English and one warning says which font to install,
-so a chart never shows empty boxes in place of characters.
+returns the Chinese label from `ZH_CHART_TEXT`; elsewhere it returns the
+English text unchanged. In both languages it adds a CJK font as matplotlib's
+fallback family, for new text and for the text of the figure being drawn
+(its title, axis labels and ticks exist from `plt.subplots()` on, so a label
+set through `chart_text` after `plt.subplots()` draws Chinese too, and so do
+the Chinese tokens of the stand-in's English charts). Where no CJK font is
+installed the Chinese notebooks' labels stay English and one warning says
+which font to install, so a chart never shows empty boxes in their place.
 """
 
 from __future__ import annotations
@@ -124,39 +128,67 @@ def find_cjk_font() -> str | None:
     return next((name for name in CJK_FONTS if name in names), None)
 
 
-def use_cjk_font() -> str | None:
-    """Let matplotlib draw Chinese: add a CJK font as the fallback family.
+def use_cjk_font(warn: bool = True) -> str | None:
+    """Let matplotlib draw Chinese: add a CJK font as the fallback family of
+    new text and of the text pyplot's current figure already holds.
 
-    Returns the font's name; without one, warns once (naming what to install)
-    and returns None.
+    Returns the font's name; without one, warns once (if `warn`: naming what
+    to install) and returns None.
     """
     global _warned_no_font
     import matplotlib
 
     name = find_cjk_font()
     if name is None:
-        if not _warned_no_font:
+        if warn and not _warned_no_font:
             _warned_no_font = True
             warnings.warn(
                 f"No font with Chinese glyphs found for matplotlib (looked for "
                 f"{', '.join(CJK_FONTS[:6])}, ...); chart labels stay in "
                 f"English. To see them in Chinese, {INSTALL_HINT}, then restart "
                 f"the kernel.",
-                stacklevel=2,
+                stacklevel=3,
             )
         return None
-    families = list(matplotlib.rcParams["font.family"])
-    if name not in families:
-        # Latin text keeps the current font; characters it lacks come from
-        # the CJK font (matplotlib's per-glyph fallback).
-        matplotlib.rcParams["font.family"] = [*families, name]
+    # Latin text keeps its font; characters it lacks come from the CJK font
+    # (matplotlib's per-glyph fallback, matplotlib >= 3.6).
+    matplotlib.rcParams["font.family"] = _with_fallback(
+        matplotlib.rcParams["font.family"], name
+    )
+    _add_fallback_to_current_figure(name)
     return name
+
+
+def _with_fallback(families: str | list[str], name: str) -> list[str]:
+    """`families` (a name or a list) with `name` last, if it is not there."""
+    families = [families] if isinstance(families, str) else list(families)
+    return families if name in families else [*families, name]
+
+
+def _add_fallback_to_current_figure(name: str) -> None:
+    """Text objects take their font when they are made: the title and axis
+    labels of `plt.subplots()` were made before the first `chart_text` call
+    changed rcParams. Give the current figure's text the fallback too (new
+    ticks copy the first tick's font). Never opens a figure."""
+    import sys
+
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None or not pyplot.get_fignums():
+        return
+    from matplotlib.text import Text
+
+    for text in pyplot.gcf().findobj(Text):
+        families = text.get_fontfamily()
+        if name not in families:
+            text.set_fontfamily(_with_fallback(families, name))
 
 
 def chart_text(text: str, /, **fields: object) -> str:
     """`text` in the notebook's language (see module docstring), formatted
-    with `fields`; English where no CJK font or no translation exists."""
-    if notebook_language() == "zh" and text in ZH_CHART_TEXT:
-        if use_cjk_font() is not None:
-            text = ZH_CHART_TEXT[text]
+    with `fields`; English where no CJK font or no translation exists. Adds
+    the CJK fallback font in English notebooks too (the stand-in's tokens)."""
+    zh = notebook_language() == "zh"
+    font = use_cjk_font(warn=zh and text in ZH_CHART_TEXT)
+    if zh and font is not None and text in ZH_CHART_TEXT:
+        text = ZH_CHART_TEXT[text]
     return text.format(**fields) if fields else text

@@ -250,8 +250,11 @@ def _check_trust(folder: Path) -> None:
 def provide_standins(out: Path, kind: str, names: list[str]) -> list[Path]:
     """Stand-ins for the book's files `names` of `kind`, in
     `standin_files_dir()` (built once, then reused); `out`, the folder the
-    caller asked for, is only named in the message and never touched."""
-    print_standin_banner()
+    caller asked for, is only named in the message and never touched. The
+    banner ("gibberish") comes only with weights: the stand-in tokenizer is
+    the real one."""
+    if any(name.endswith(".pth") for name in names):
+        print_standin_banner()
     folder = standin_files_dir()
     _check_trust(folder)
     paths = [folder / name for name in names]
