@@ -435,3 +435,31 @@ def test_whole_steps_give_the_same_logits_with_every_exact_or_int8_kernel(kernel
             model.setup_cache(1, 40)
             results[name] = tokens(generate(model, PROMPT, 20))[0]
         assert len({tuple(s) for s in results.values()}) == 1, results
+
+
+def test_an_int8_prompt_goes_through_the_rules_multi_row_kernel(kernels, monkeypatch):
+    """An int8 model's prefill sends the prompt's rows to the multi-row
+    kernel the rules pick (one call per group of layers sharing x), and
+    decode rows to the matrix-vector kernels; `use_cpu_matvec(False)`
+    leaves the prompt to torch."""
+    import utils.fast.kernels as kernels_mod
+
+    model = quantize_int8(fast_model(BF16, tiny_state_dict(21, BF16)))
+    chosen = choose(kernels, ("int8_mm",))["int8_mm"]  # its check done first
+    rows = []
+    real = type(kernels).matmul
+
+    def counted(self, x, *args, **kwargs):
+        rows.append(x.shape[0])
+        return real(self, x, *args, **kwargs)
+
+    monkeypatch.setattr(type(kernels), "matmul", counted)
+    model.setup_cache(1, 40)
+    tokens(generate(model, PROMPT, 3))
+    layers = BF16["n_layers"]
+    assert rows == [PROMPT.shape[1]] * (4 * layers + 1)  # qkv, o, gate+up, down; head
+    assert kernels_mod._LOADED["int8_mm"] == chosen.index
+    rows.clear()
+    model.use_cpu_matvec(False)
+    tokens(generate(model, PROMPT, 3))
+    assert rows == []

@@ -1,9 +1,11 @@
 /* The matrix-vector row kernels and their table (dispatch.c).
 
    A row kernel computes rows of y = w x for one matrix. Kernels come in
-   three classes; every kernel of a class computes what its first kernel
+   four classes; every kernel of a class computes what its first kernel
    (kernels_v8.c: AVX2 or NEON) does: bit for bit for "exact" (ATen's
    summation order) and "int8", within float32's error bound for "fast".
+   The fourth, "int8_mm" (kernels_mm.c), takes several rows of x at once
+   and gives each the bits the int8 class gives it alone.
    Which kernel of a class runs is chosen by CPU features
    (utils/fast/dispatch.py). */
 #ifndef QWEN3_KERNELS_H
