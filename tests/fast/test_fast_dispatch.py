@@ -27,6 +27,7 @@ from utils.fast.dispatch import (
     choose,
     cpu_features,
     kernel_table,
+    rows_kernel,
     rule_choice,
 )
 
@@ -463,3 +464,19 @@ def test_an_int8_prompt_goes_through_the_rules_multi_row_kernel(kernels, monkeyp
     model.use_cpu_matvec(False)
     tokens(generate(model, PROMPT, 3))
     assert rows == []
+
+
+def test_prompts_go_to_torch_where_every_multi_row_kernel_fails_its_check(
+    kernels, monkeypatch, capsys
+):
+    """Where even the class's first multi-row kernel fails its check (NEON
+    code never run here, say), prompts take torch's int8 product: no
+    multi-row kernel, one line on stderr."""
+    assert rows_kernel(kernels) is not None
+    monkeypatch.setattr(dispatch, "check_kernel", lambda *a: "results differ (test)")
+    dispatch._passes_check.cache_clear()
+    try:
+        assert rows_kernel(kernels) is None
+        assert "not used (results differ (test))" in capsys.readouterr().err
+    finally:
+        dispatch._passes_check.cache_clear()

@@ -206,3 +206,11 @@ def choose(
         if not _passes_check(kernels, k):
             chosen[cls] = rule_choice(cls, frozenset(), table)
     return chosen
+
+
+def rows_kernel(kernels: Kernels) -> Kernel | None:
+    """The multi-row int8 kernel that prompts take: `choose`'s, or None
+    where even the class's first kernel fails its check here (torch's int8
+    product then runs prompts; one line on stderr said why)."""
+    kernel = choose(kernels, ("int8_mm",))["int8_mm"]
+    return kernel if _passes_check(kernels, kernel) else None

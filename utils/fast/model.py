@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from reasoning_from_scratch.qwen3 import RMSNorm, compute_rope_params
 from torch import Tensor
 
-from utils.fast.dispatch import choose
+from utils.fast.dispatch import rows_kernel
 from utils.fast.kernels import get_kernels, linear, use_rows_kernel
 from utils.fast.quantize import Int8Linear
 
@@ -239,7 +239,8 @@ class StaticQwen3(nn.Module):
         kernels = get_kernels() if self.cpu_matvec_wanted and on_cpu else None
         active = kernels is not None
         if active:  # several rows of x (a prompt) through the multi-row kernel
-            use_rows_kernel(choose(kernels, ("int8_mm",))["int8_mm"].index)
+            rows = rows_kernel(kernels)
+            use_rows_kernel(None if rows is None else rows.index)
         for module in self.modules():
             if hasattr(module, "use_kernel") and module.use_kernel != active:
                 module.use_kernel = active  # KernelLinear, Int8Linear
