@@ -4,7 +4,9 @@ Decoding one token makes every linear layer a matrix-vector product: each
 weight is read once for one multiply-add, so memory speed sets the pace.
 The C kernels (`csrc/kernels_*.c`) read bf16 weights and add in float32;
 the int8 kernel multiplies int8 weights with the input rounded to 16-bit
-fixed point (exact int32 sums), which keeps it at memory speed.
+fixed point (exact int32 sums), which keeps it at memory speed. A
+prompt's rows with int8 weights take a multi-row kernel (`Kernels.matmul`)
+with each row's bits unchanged, each weight byte read once per tile.
 
 Two bf16 classes: "exact" adds in the order of ATen's own bf16 dot, "fast"
 (inside torch.compile graphs, as torch operators) orders the additions for
