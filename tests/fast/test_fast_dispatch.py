@@ -27,6 +27,7 @@ from utils.fast.dispatch import (
     choose,
     cpu_features,
     kernel_table,
+    rows_kernel,
     rule_choice,
 )
 
@@ -37,19 +38,21 @@ pytestmark = pytest.mark.skipif(
 BF16 = tiny_config(context_length=512, dtype=torch.bfloat16)
 # The first kernels (kernels_v8.c) are named for the instruction set
 ISA = "avx2" if build.machine() == "x86_64" else "neon"
-FIRST = (f"bf16_exact_{ISA}", f"bf16_fast_{ISA}", f"int8_{ISA}")
+FIRST = (f"bf16_exact_{ISA}", f"bf16_fast_{ISA}", f"int8_{ISA}", f"int8_mm_{ISA}")
+# The classes of the matrix-vector kernels (int8_mm: several rows of x)
+MATVEC = ("exact", "fast", "int8")
 x86_only = pytest.mark.skipif(
     build.machine() != "x86_64", reason="x86-64's AVX-512 kernels and their rules"
 )
 
 
-def every_kernel():
-    """One parameter per kernel of the library; those this CPU cannot
-    execute are skipped with the instructions it lacks."""
+def every_kernel(classes=MATVEC):
+    """One parameter per kernel of the library in `classes`; those this CPU
+    cannot execute are skipped with the instructions it lacks."""
     kernels = get_kernels()
     table = kernel_table(kernels) if kernels is not None else ()
     have = cpu_features(kernels) if kernels is not None else frozenset()
-    for k in table:
+    for k in (k for k in table if k.cls in classes):
         lacks = sorted(k.needs - have)
         marks = []
         if lacks:
@@ -75,7 +78,7 @@ SHAPES = [
 
 
 def problem(cls: str, k: int, rows: tuple[int, ...], gen: torch.Generator):
-    if cls == "int8":
+    if cls in ("int8", "int8_mm"):
         ws = [
             torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
             for n in rows
@@ -124,6 +127,84 @@ def test_every_kernel_computes_what_its_class_promises(kernels, kernel, threads)
         assert torch.equal(got[~want.isnan()], want[~want.isnan()])
 
 
+def rows_of_x(m: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """m rows of x, each of another size (each row its own fixed-point scale)."""
+    return torch.randn(m, k, generator=gen) * torch.logspace(-2, 2, m)[:, None]
+
+
+@pytest.mark.parametrize("kernel", list(every_kernel(("int8_mm",))))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_prompts_rows_get_the_bits_of_the_same_rows_sent_one_by_one(
+    kernels, kernel, threads
+):
+    """Every multi-row int8 kernel gives each row of x the bits the int8
+    reference gives that row alone (the decode kernel): tiles of rows and
+    their leftovers, several int8 chunks, grouped matrices, float32 and bf16
+    out, and a row holding an inf (computed apart, as alone)."""
+    gen = torch.Generator().manual_seed(kernel.index * 10 + threads)
+    one_by_one = reference(kernels, "int8").index
+    for (k, rows), m in zip(SHAPES, (13, 7, 1, 64, 5, 2), strict=True):
+        _, ws, scales = problem("int8", k, rows, gen)
+        x = rows_of_x(m, k, gen)
+        if m > 4:
+            x[3, k // 2] = math.inf
+        for out in (torch.float32, torch.bfloat16):
+            xo = x.to(out)
+            got = kernels.matmul(xo, ws, scales, kernel=kernel.index, threads=threads)
+            assert got.shape == (m, sum(rows)) and got.dtype == out
+            want = torch.stack([
+                kernels.matvec(r, ws, scales, kernel=one_by_one, threads=threads)
+                for r in xo
+            ])  # fmt: skip
+            view = torch.int32 if out == torch.float32 else torch.int16
+            assert torch.equal(got.view(view), want.view(view)), (k, rows, m, out)
+
+
+class OneBitOff:
+    """Kernels whose multi-row product has one bit of one row changed."""
+
+    def __init__(self, kernels) -> None:
+        self.kernels = kernels
+
+    def matvec(self, *args, **kwargs):
+        return self.kernels.matvec(*args, **kwargs)
+
+    def matmul(self, *args, **kwargs):
+        y = self.kernels.matmul(*args, **kwargs)
+        y.view(torch.int32 if y.dtype == torch.float32 else torch.int16)[5, 7] ^= 1
+        return y
+
+
+def test_the_multi_row_check_compares_each_row_with_the_int8_reference(kernels):
+    """The load-time check of a multi-row kernel (first kernel included)
+    passes for the library's kernel and catches one bit changed in one row."""
+    rows, one_by_one = reference(kernels, "int8_mm"), reference(kernels, "int8")
+    assert check_kernel(kernels, rows, one_by_one) is None
+    reason = check_kernel(OneBitOff(kernels), rows, one_by_one)
+    assert reason is not None and "differ" in reason
+
+
+@pytest.mark.parametrize("kernel", list(every_kernel(("int8_mm",))))
+def test_a_late_thread_leaves_a_prompts_rows_their_bits(test_kernels, kernel):
+    """The multi-row kernels' weight rows are shared out by the team as a
+    decode product's: with the second thread held back, the first takes
+    passes from the back of its share, and the bits are one thread's."""
+    if not test_kernels.library.openmp:
+        pytest.skip("the library was built without OpenMP: one thread")
+    gen = torch.Generator().manual_seed(kernel.index)
+    lib = test_kernels.lib
+    _, ws, scales = problem("int8", 1024, (1024, 512), gen)
+    x = rows_of_x(9, 1024, gen)
+    alone = test_kernels.matmul(x, ws, scales, kernel=kernel.index, threads=1)
+    lib.qwen3_test_stolen_passes(20_000)
+    try:
+        late = test_kernels.matmul(x, ws, scales, kernel=kernel.index, threads=2)
+    finally:
+        stolen = lib.qwen3_test_stolen_passes(0)
+    assert torch.equal(late.view(torch.int32), alone.view(torch.int32))
+    assert stolen > 0
+
+
 @pytest.mark.parametrize("kernel", list(every_kernel()))
 def test_a_thread_that_starts_late_has_its_passes_taken_same_bits(test_kernels, kernel):
     """With the second thread held back 20 ms at the start of each product
@@ -165,18 +246,21 @@ def test_the_table_has_the_avx512_forms(kernels):
     assert names["bf16_exact_avx512_xb"].needs == {"avx2", "avx512"}
     assert names["bf16_exact_avx512_xb"].cls == "exact"
     assert names["int8_avx512vnni_s2"].needs == {"avx2", "avx512", "avx512_vnni"}
+    assert names["int8_mm_avx512vnni"].needs == {"avx2", "avx512", "avx512_vnni"}
+    assert names["int8_mm_avx512vnni"].cls == "int8_mm"
 
 
 # Feature sets of CPUs the rules were written for, and what they pick
+_V8 = ("bf16_fast_avx2",)
 RULE_CASES = [
-    (frozenset(), ("bf16_exact_avx2", "bf16_fast_avx2", "int8_avx2")),
-    (frozenset({"avx2"}), ("bf16_exact_avx2", "bf16_fast_avx2", "int8_avx2")),
+    (frozenset(), ("bf16_exact_avx2", *_V8, "int8_avx2", "int8_mm_avx2")),
+    (frozenset({"avx2"}), ("bf16_exact_avx2", *_V8, "int8_avx2", "int8_mm_avx2")),
     (frozenset({"avx2", "avx512"}),
-     ("bf16_exact_avx512_xb", "bf16_fast_avx2", "int8_avx2")),
+     ("bf16_exact_avx512_xb", *_V8, "int8_avx2", "int8_mm_avx2")),
     (frozenset({"avx2", "avx512", "avx512_vnni", "avx512_bf16"}),
-     ("bf16_exact_avx512_xb", "bf16_fast_avx2", "int8_avx512vnni_s2")),
+     ("bf16_exact_avx512_xb", *_V8, "int8_avx512vnni_s2", "int8_mm_avx512vnni")),
     (frozenset({"avx2", "avx512_vnni"}),  # VNNI without AVX-512 F/BW/DQ/VL
-     ("bf16_exact_avx2", "bf16_fast_avx2", "int8_avx2")),
+     ("bf16_exact_avx2", *_V8, "int8_avx2", "int8_mm_avx2")),
 ]  # fmt: skip
 
 
@@ -194,6 +278,7 @@ def test_a_rule_naming_a_kernel_the_library_lacks_is_skipped(kernels):
     every = frozenset({"avx2", "avx512", "avx512_vnni", "avx512_bf16"})
     assert rule_choice("exact", every, table).name == FIRST[0]
     assert rule_choice("int8", every, table).name == FIRST[2]
+    assert rule_choice("int8_mm", every, table).name == FIRST[3]
 
 
 def test_choose_follows_the_cpu_and_never_exceeds_it(kernels):
@@ -264,7 +349,10 @@ def test_the_library_refuses_a_kernel_the_cpu_lacks(test_kernels):
         for k in table:
             x, ws, scales = problem(k.cls, 1024, (8,), torch.Generator())
             with pytest.raises(RuntimeError, match="code 3"):
-                test_kernels.matvec(x, ws, scales, kernel=k.index)
+                if k.cls == "int8_mm":
+                    test_kernels.matmul(x[None], ws, scales, kernel=k.index)
+                else:
+                    test_kernels.matvec(x, ws, scales, kernel=k.index)
     assert ("avx2" if ISA == "avx2" else "asimd") in cpu_features(test_kernels)
 
 
@@ -275,9 +363,13 @@ def test_wrong_k_or_index_is_an_error_not_a_crash(kernels):
     with pytest.raises(RuntimeError, match="code 1"):
         kernels.matvec(x, ws, kernel=exact.index)
     x, ws, scales = problem("int8", 64, (4,), torch.Generator())
-    for index in (-1, len(table), exact.index):  # none, or not an int8 one
+    rows = reference(kernels, "int8_mm").index
+    for index in (-1, len(table), exact.index, rows):  # none, or not an int8 one
         with pytest.raises(RuntimeError, match="code 1"):
             kernels.matvec(x, ws, scales, kernel=index)
+    for index in (-1, len(table), exact.index, reference(kernels, "int8").index):
+        with pytest.raises(RuntimeError, match="code 1"):
+            kernels.matmul(x[None], ws, scales, kernel=index)
 
 
 @x86_only
@@ -344,3 +436,47 @@ def test_whole_steps_give_the_same_logits_with_every_exact_or_int8_kernel(kernel
             model.setup_cache(1, 40)
             results[name] = tokens(generate(model, PROMPT, 20))[0]
         assert len({tuple(s) for s in results.values()}) == 1, results
+
+
+def test_an_int8_prompt_goes_through_the_rules_multi_row_kernel(kernels, monkeypatch):
+    """An int8 model's prefill sends the prompt's rows to the multi-row
+    kernel the rules pick (one call per group of layers sharing x), and
+    decode rows to the matrix-vector kernels; `use_cpu_matvec(False)`
+    leaves the prompt to torch."""
+    import utils.fast.kernels as kernels_mod
+
+    model = quantize_int8(fast_model(BF16, tiny_state_dict(21, BF16)))
+    chosen = choose(kernels, ("int8_mm",))["int8_mm"]  # its check done first
+    rows = []
+    real = type(kernels).matmul
+
+    def counted(self, x, *args, **kwargs):
+        rows.append(x.shape[0])
+        return real(self, x, *args, **kwargs)
+
+    monkeypatch.setattr(type(kernels), "matmul", counted)
+    model.setup_cache(1, 40)
+    tokens(generate(model, PROMPT, 3))
+    layers = BF16["n_layers"]
+    assert rows == [PROMPT.shape[1]] * (4 * layers + 1)  # qkv, o, gate+up, down; head
+    assert kernels_mod._LOADED["int8_mm"] == chosen.index
+    rows.clear()
+    model.use_cpu_matvec(False)
+    tokens(generate(model, PROMPT, 3))
+    assert rows == []
+
+
+def test_prompts_go_to_torch_where_every_multi_row_kernel_fails_its_check(
+    kernels, monkeypatch, capsys
+):
+    """Where even the class's first multi-row kernel fails its check (NEON
+    code never run here, say), prompts take torch's int8 product: no
+    multi-row kernel, one line on stderr."""
+    assert rows_kernel(kernels) is not None
+    monkeypatch.setattr(dispatch, "check_kernel", lambda *a: "results differ (test)")
+    dispatch._passes_check.cache_clear()
+    try:
+        assert rows_kernel(kernels) is None
+        assert "not used (results differ (test))" in capsys.readouterr().err
+    finally:
+        dispatch._passes_check.cache_clear()

@@ -200,7 +200,29 @@ def test_int8_kernel_propagates_nan_and_inf(kernels):
     assert torch.equal(kernels.matvec(torch.zeros(64), [w], [scales]), torch.zeros(8))
 
 
-def test_wrong_operands_raise_clear_errors(kernels):
+def test_several_rows_of_int8_layers_take_the_multi_row_kernel(kernels, monkeypatch):
+    """The layers' entry sends several rows of x (a prompt) with int8
+    weights to the multi-row kernel set by `use_rows_kernel`: each row the
+    bits of that row as a decode row; with none set, or bf16 weights,
+    torch runs them."""
+    gen = torch.Generator().manual_seed(3)
+    ws = [torch.randint(-127, 128, (n, 64), dtype=torch.int8, generator=gen)
+          for n in (40, 24)]  # fmt: skip
+    scales = [torch.rand(n, generator=gen) + 0.01 for n in (40, 24)]
+    x = torch.randn(1, 7, 64, generator=gen).bfloat16()
+    monkeypatch.setitem(kernels_mod._LOADED, "int8_mm", None)
+    assert kernels_mod.linear(x, ws, scales) is None
+    kernels_mod.use_rows_kernel(kernels.first["int8_mm"])
+    q, k = kernels_mod.linear(x, ws, scales)
+    assert q.shape == (1, 7, 40) and k.shape == (1, 7, 24)
+    for t in range(7):
+        q1, k1 = kernels_mod.linear(x[:, t : t + 1], ws, scales)  # decode rows
+        assert torch.equal(q[:, t].view(torch.int16), q1[:, 0].view(torch.int16))
+        assert torch.equal(k[:, t].view(torch.int16), k1[:, 0].view(torch.int16))
+    assert kernels_mod.linear(x, [torch.zeros(8, 64).bfloat16()]) is None
+
+
+def test_wrong_operands_raise_clear_errors(kernels, monkeypatch):
     w = torch.randint(-127, 128, (1000, 64), dtype=torch.int8)
     x = torch.randn(1, 64)
     with pytest.raises(ValueError, match=r"scales must be .*\(1000,\)"):
@@ -209,7 +231,10 @@ def test_wrong_operands_raise_clear_errors(kernels):
         kernels.matvec(x[0], [w], [torch.ones(1000, 2)[:, 0]])
     # the layers' entry leaves what the kernel cannot take to torch
     assert kernels_mod.linear(x, [w], [torch.ones(1)]) is None
-    assert kernels_mod.linear(torch.randn(2, 64), [w], [torch.ones(1000)]) is None
+    monkeypatch.setitem(kernels_mod._LOADED, "int8_mm", kernels.first["int8_mm"])
+    assert kernels_mod.linear(torch.randn(2, 64), [w], [torch.ones(1)]) is None
+    with pytest.raises(ValueError, match="matmul takes x"):
+        kernels.matmul(torch.randn(64), [w], [torch.ones(1000)])
     with pytest.raises(ValueError, match="scales must be"):
         kernels.matvec(x[0], [w], [torch.ones(1000, dtype=torch.float64)])
     wb = torch.randn(32, 64, dtype=torch.bfloat16)

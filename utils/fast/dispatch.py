@@ -3,7 +3,9 @@
 The library (`csrc/dispatch.c`) holds a few kernels per class: "exact"
 (bf16 summed in ATen's order, all with the same bits), "fast" (bf16 in a
 free order, within float32's error bound; for compiled graphs) and "int8"
-(all with the first int8 kernel's bits). Each class's first kernel (AVX2
+(all with the first int8 kernel's bits), and "int8_mm", the multi-row
+int8 kernels of a prompt's prefill (each row the int8 reference's bits
+for that row alone). Each class's first kernel (AVX2
 on x86-64, NEON on AArch64: one source, csrc/kernels_v8.c) is its
 reference and runs wherever no rule applies. As in
 ggml-cpu, the CPU's features alone decide (instant, the same on every run,
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Sequence
 
 import torch
@@ -28,7 +31,7 @@ from utils import settings
 from utils.fast.kernels import Kernel, Kernels
 from utils.log import get_logger
 
-CLASSES = ("exact", "fast", "int8")
+CLASSES = ("exact", "fast", "int8", "int8_mm")
 ENV = "QWEN3_KERNEL_VARIANTS"
 _log = get_logger(__name__)
 
@@ -38,7 +41,13 @@ RULES: dict[str, tuple[tuple[frozenset[str], str], ...]] = {
     "exact": ((frozenset({"avx512"}), "bf16_exact_avx512_xb"),),
     "fast": (),
     "int8": ((frozenset({"avx512", "avx512_vnni"}), "int8_avx512vnni_s2"),),
+    "int8_mm": ((frozenset({"avx512", "avx512_vnni"}), "int8_mm_avx512vnni"),),
 }
+
+
+# The class whose first kernel a class's kernels must equal: the multi-row
+# int8 kernels give each row the bits of the int8 (matrix-vector) reference
+REFERENCE_CLASS = {"int8_mm": "int8"}
 
 
 def kernel_table(kernels: Kernels) -> tuple[Kernel, ...]:
@@ -82,10 +91,44 @@ def _problem(cls: str, gen: torch.Generator):
     return x, ws, None
 
 
+def _rows_problem(gen: torch.Generator):
+    """`_problem("int8")` with x of 9 rows (tiles of 2 and 6 rows and their
+    leftovers), each of another size, one holding an inf."""
+    _, ws, scales = _problem("int8", gen)
+    x = torch.randn(9, ws[0].shape[1], generator=gen)
+    x *= torch.logspace(-3, 3, 9)[:, None]
+    x[4, 100] = math.inf
+    return x, ws, scales
+
+
+def check_rows_kernel(
+    kernels: Kernels, kernel: Kernel, reference: Kernel
+) -> str | None:
+    """Why the multi-row kernel `kernel` fails its check here (None: it
+    passes): each row of its product has the bits the int8 kernel
+    `reference` gives that row alone (float32 and bf16 out, one and two
+    threads)."""
+    x, ws, scales = _rows_problem(torch.Generator().manual_seed(kernel.index))
+    for threads, out in itertools.product((1, 2), (torch.float32, torch.bfloat16)):
+        xo = x.to(out)
+        got = kernels.matmul(xo, ws, scales, kernel=kernel.index, threads=threads)
+        want = torch.stack([
+            kernels.matvec(row, ws, scales, kernel=reference.index, threads=threads)
+            for row in xo
+        ])  # fmt: skip
+        bits = torch.int32 if out == torch.float32 else torch.int16
+        if not torch.equal(got.view(bits), want.view(bits)):
+            return f"rows differ from {reference.name}'s bits"
+    return None
+
+
 def check_kernel(kernels: Kernels, kernel: Kernel, reference: Kernel) -> str | None:
     """Why `kernel` fails its class's check here (None: it passes): the
     reference's bits (float32 and bf16 out, one and two threads), or for
-    the fast class |y - w.x| <= k u / (1 - k u) * sum|w_i x_i|, u = 2**-24."""
+    the fast class |y - w.x| <= k u / (1 - k u) * sum|w_i x_i|, u = 2**-24;
+    a multi-row kernel: `check_rows_kernel`."""
+    if kernel.cls == "int8_mm":
+        return check_rows_kernel(kernels, kernel, reference)
     x, ws, scales = _problem(kernel.cls, torch.Generator().manual_seed(kernel.index))
     for threads, out in itertools.product((1, 2), (torch.float32, torch.bfloat16)):
         got, want = (
@@ -111,8 +154,11 @@ def _within_bound(got: torch.Tensor, x: torch.Tensor, ws: list[torch.Tensor]) ->
 
 @functools.cache
 def _passes_check(kernels: Kernels, kernel: Kernel) -> bool:
-    """`check_kernel` once per process; one line on stderr when it fails."""
-    reference = kernels.table[kernels.first[kernel.cls]]
+    """`check_kernel` once per process; one line on stderr when it fails.
+    The multi-row class's reference is the int8 class's (row by row), so
+    its first kernel is checked too."""
+    cls = REFERENCE_CLASS.get(kernel.cls, kernel.cls)
+    reference = kernels.table[kernels.first[cls]]
     if kernel == reference:
         return True
     reason = check_kernel(kernels, kernel, reference)
@@ -160,3 +206,11 @@ def choose(
         if not _passes_check(kernels, k):
             chosen[cls] = rule_choice(cls, frozenset(), table)
     return chosen
+
+
+def rows_kernel(kernels: Kernels) -> Kernel | None:
+    """The multi-row int8 kernel that prompts take: `choose`'s, or None
+    where even the class's first kernel fails its check here (torch's int8
+    product then runs prompts; one line on stderr said why)."""
+    kernel = choose(kernels, ("int8_mm",))["int8_mm"]
+    return kernel if _passes_check(kernels, kernel) else None

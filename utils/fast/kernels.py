@@ -4,7 +4,9 @@ Decoding one token makes every linear layer a matrix-vector product: each
 weight is read once for one multiply-add, so memory speed sets the pace.
 The C kernels (`csrc/kernels_*.c`) read bf16 weights and add in float32;
 the int8 kernel multiplies int8 weights with the input rounded to 16-bit
-fixed point (exact int32 sums), which keeps it at memory speed.
+fixed point (exact int32 sums), which keeps it at memory speed. A
+prompt's rows with int8 weights take a multi-row kernel (`Kernels.matmul`)
+with each row's bits unchanged, each weight byte read once per tile.
 
 Two bf16 classes: "exact" adds in the order of ATen's own bf16 dot, "fast"
 (inside torch.compile graphs, as torch operators) orders the additions for
@@ -86,23 +88,65 @@ class Kernels:
         if problem is not None:
             raise ValueError(problem)
         index = self.first[cls] if kernel is None else kernel
-        rows = [w.shape[0] for w in weights]
-        y = torch.empty(sum(rows), dtype=x.dtype)
-        # array.array: built ~10x faster than ctypes arrays (this runs about
-        # a hundred times per token); they live until the call returns
-        w_ptrs = array.array("Q", [w.data_ptr() for w in weights])
-        s_ptrs = array.array("Q", [s.data_ptr() for s in scales or []])
-        row_array = array.array("l", rows)
+        y = torch.empty(sum(w.shape[0] for w in weights), dtype=x.dtype)
+        held = _arrays(weights, scales)
+        w_ptrs, s_ptrs, row_array = (a.buffer_info()[0] for a in held)
         rc = self.lib.qwen3_matvec(
             index, x.data_ptr(), x.dtype == torch.float32, len(weights),
-            w_ptrs.buffer_info()[0], s_ptrs.buffer_info()[0] if scales else None,
-            row_array.buffer_info()[0], y.data_ptr(), y.dtype == torch.float32,
+            w_ptrs, s_ptrs if scales else None,
+            row_array, y.data_ptr(), y.dtype == torch.float32,
             weights[0].shape[1],
             torch.get_num_threads() if threads is None else threads,
         )  # fmt: skip
         if rc:
             raise RuntimeError(f"kernel {index} failed with code {rc}")
         return y
+
+    def matmul(
+        self,
+        x: Tensor,
+        weights: list[Tensor],
+        scales: list[Tensor],
+        *,
+        kernel: int | None = None,
+        threads: int | None = None,
+    ) -> Tensor:
+        """`torch.stack([self.matvec(row, weights, scales) for row in x])`
+        for int8 weights and m rows of x (m, k) in one call, with a
+        multi-row kernel (class "int8_mm"; `kernel`: that index, else the
+        class's reference): every row the bits `matvec`'s int8 reference
+        gives it alone, each weight byte read once per tile of rows.
+        Errors as `matvec`'s."""
+        if _class_of(weights, scales, False) != "int8" or x.dim() != 2:
+            raise ValueError("matmul takes x (m, k) and int8 weights with scales")
+        problem = _operand_problem(x[0], weights, scales, 16)
+        if problem is not None or not x.is_contiguous():
+            raise ValueError(problem or "x must be contiguous")
+        index = self.first["int8_mm"] if kernel is None else kernel
+        y = torch.empty(x.shape[0], sum(w.shape[0] for w in weights), dtype=x.dtype)
+        held = _arrays(weights, scales)
+        w_ptrs, s_ptrs, row_array = (a.buffer_info()[0] for a in held)
+        rc = self.lib.qwen3_matmul(
+            index, x.data_ptr(), x.dtype == torch.float32, x.shape[0], len(weights),
+            w_ptrs, s_ptrs, row_array, y.data_ptr(), y.dtype == torch.float32,
+            weights[0].shape[1],
+            torch.get_num_threads() if threads is None else threads,
+        )  # fmt: skip
+        if rc:
+            raise RuntimeError(f"kernel {index} failed with code {rc}")
+        return y
+
+
+def _arrays(weights: list[Tensor], scales: list[Tensor] | None) -> tuple:
+    """The weights' addresses, the scales' (or [0]) and the row counts, as
+    arrays for one C call (array.array: built ~10x faster than ctypes
+    arrays, at about a hundred calls per token); the caller holds them
+    until the call returns."""
+    return (
+        array.array("Q", [w.data_ptr() for w in weights]),
+        array.array("Q", [s.data_ptr() for s in scales] if scales else [0]),
+        array.array("l", [w.shape[0] for w in weights]),
+    )
 
 
 def _class_of(weights: list[Tensor], scales: list[Tensor] | None, exact: bool) -> str:
@@ -285,16 +329,43 @@ def _eager_exact(x: Tensor, weight: Tensor) -> bool:
     )
 
 
+def use_rows_kernel(index: int | None) -> None:
+    """The multi-row int8 kernel (class "int8_mm", an index of the table)
+    that eager int8 layers give several rows of x; None: torch's."""
+    _LOADED["int8_mm"] = index
+
+
+def _rows_linear(
+    x: Tensor, weights: list[Tensor], scales: list[Tensor]
+) -> Tensor | None:
+    """int8 layers for several rows of x (a prompt): eagerly, the chosen
+    multi-row kernel (each row the bits it gets as a decode row); None
+    where it does not apply."""
+    index = _LOADED.get("int8_mm")
+    k = x.shape[-1]
+    if index is None or torch.compiler.is_compiling() or x.dtype not in _FLOAT_X:
+        return None
+    if _operand_problem(x.new_empty(k), weights, scales, 16) is not None:
+        return None
+    flat = x.reshape(-1, k).contiguous()
+    out = _LOADED["kernels"].matmul(flat, weights, scales, kernel=index)
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
 def linear(
     x: Tensor, weights: list[Tensor], scales: list[Tensor] | None = None
 ) -> list[Tensor] | None:
     """`[F.linear(x, w) for w in weights]` (int8: `x @ (w * s[:, None]).T`)
-    for layers sharing a decode row x, in one kernel call: inside
+    for layers sharing x, in one kernel call. A decode row: inside
     torch.compile the fast or int8 kernel; eagerly int8, or the exact
-    kernel where torch would add the same way (F.linear's bits). None
+    kernel where torch would add the same way (F.linear's bits). Several
+    rows: eagerly int8, the multi-row kernel (`use_rows_kernel`). None
     where no kernel applies (the caller runs torch)."""
-    if "kernels" not in _LOADED or x.numel() != x.shape[-1]:
-        return None  # not loaded, or not a decode row
+    if "kernels" not in _LOADED:
+        return None
+    if x.numel() != x.shape[-1]:  # several rows
+        out = None if scales is None else _rows_linear(x, weights, scales)
+        return None if out is None else _split(out, weights)
     if _operand_problem(x.reshape(-1), weights, scales, 16) is not None:
         return None
     if torch.compiler.is_compiling():
@@ -306,6 +377,11 @@ def linear(
         out = _matvec_impl(x, weights, scales, exact=scales is None)  # no dispatcher
     else:
         return None
+    return _split(out, weights)
+
+
+def _split(out: Tensor, weights: list[Tensor]) -> list[Tensor]:
+    """A grouped product's output, one tensor per weight."""
     if len(weights) == 1:
         return [out]
     return list(out.split([w.shape[0] for w in weights], -1))

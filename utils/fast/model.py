@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from reasoning_from_scratch.qwen3 import RMSNorm, compute_rope_params
 from torch import Tensor
 
-from utils.fast.kernels import get_kernels, linear
+from utils.fast.dispatch import rows_kernel
+from utils.fast.kernels import get_kernels, linear, use_rows_kernel
 from utils.fast.quantize import Int8Linear
 
 # Cache lengths are rounded up to this multiple, so nearby prompt lengths
@@ -235,7 +236,11 @@ class StaticQwen3(nn.Module):
         if enabled is not None:
             self.cpu_matvec_wanted = enabled
         on_cpu = self.device.type == "cpu"
-        active = bool(self.cpu_matvec_wanted and on_cpu and get_kernels())
+        kernels = get_kernels() if self.cpu_matvec_wanted and on_cpu else None
+        active = kernels is not None
+        if active:  # several rows of x (a prompt) through the multi-row kernel
+            rows = rows_kernel(kernels)
+            use_rows_kernel(None if rows is None else rows.index)
         for module in self.modules():
             if hasattr(module, "use_kernel") and module.use_kernel != active:
                 module.use_kernel = active  # KernelLinear, Int8Linear

@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#define QWEN3_ABI 0x90000
+#define QWEN3_ABI 0xa0000
 #define QWEN3_API __attribute__((visibility("default")))
 
 /* QWEN3_ABI, plus 1 when built with OpenMP */
@@ -30,6 +30,11 @@ QWEN3_API const char *qwen3_kernels(void);
    success, 1 for bad arguments, 2 out of memory, 3 the CPU lacks the kernel's
    instructions */
 QWEN3_API int qwen3_matvec(int kernel, const void *x, int x_f32, int count, const void *const *w, const float *const *scales, const long *n, void *y, int y_f32, long k, int threads);
+/* y (m, sum n) = x (m, k) @ stacked int8 [w_0; w_1; ...]^T times the
+   per-row scales, with multi-row kernel `kernel` (class int8_mm); each row
+   of y the bits qwen3_matvec's int8 reference gives that row. Codes as
+   qwen3_matvec's */
+QWEN3_API int qwen3_matmul(int kernel, const void *x, int x_f32, long m, int count, const void *const *w, const float *const *scales, const long *n, void *y, int y_f32, long k, int threads);
 /* One decode step (decode_step.c); the table's layout, as text */
 QWEN3_API int qwen3_decode_step(const long *dims, double eps, const void *const *p, const int64_t *token_at, const int64_t *pos_at, const int *kernels, uint16_t *logits, long *next, int threads);
 QWEN3_API const char *qwen3_step_layout(void);

@@ -97,7 +97,7 @@ static int read_kernels(const int *kernels, mv_ctx *c) {
     c->int8 = kernel_for(kernels[1], CLASS_INT8, &b);
     if (a == 1 || b == 1) return 1;
     if (a || b) return 3;
-    return c->bf16->cls == CLASS_INT8;
+    return c->bf16->cls != CLASS_EXACT && c->bf16->cls != CLASS_FAST;
 }
 
 /* The memory the team shares (one allocation with every thread's lane)

@@ -97,10 +97,15 @@ static const kernel KERNELS[] = {
     {"int8_avx512vnni_s2", {rows_i8q_vnni_s2, 2}, NULL, CLASS_INT8,
      CPU_BASE | CPU_AVX512 | CPU_AVX512_VNNI, 64},
 #endif
+    {"int8_mm_" VEC8_ISA, {rows_i8mm, 4}, NULL, CLASS_INT8_MM, CPU_BASE, 16},
+#ifdef QWEN3_AVX512
+    {"int8_mm_avx512vnni", {rows_i8mm_vnni, 4}, NULL, CLASS_INT8_MM,
+     CPU_BASE | CPU_AVX512 | CPU_AVX512_VNNI, 32},
+#endif
 };
 #define N_KERNELS ((int)(sizeof KERNELS / sizeof KERNELS[0]))
 
-static const char *const CLASS_NAMES[CLASS_COUNT] = {"exact", "fast", "int8"};
+static const char *const CLASS_NAMES[CLASS_COUNT] = {"exact", "fast", "int8", "int8_mm"};
 
 const kernel *kernel_for(int i, int cls, int *why) {
     if (i < 0 || i >= N_KERNELS || (cls >= 0 && KERNELS[i].cls != cls)) {
@@ -123,7 +128,7 @@ static const kernel *first_of(int cls) {
 
 const kernel *kernel_fitting(const kernel *v, long k) {
     if (k % v->kmul == 0) return v;
-    return first_of(v->cls == CLASS_INT8 ? CLASS_INT8 : CLASS_FAST);
+    return first_of(v->cls == CLASS_EXACT ? CLASS_FAST : v->cls);
 }
 
 /* ---- entry points (api.h) ------------------------------------------- */
@@ -164,7 +169,7 @@ int qwen3_matvec(int kernel_index, const void *x, int x_f32, int count,
     int why;
     const kernel *v = kernel_for(kernel_index, -1, &why);
     if (!v) return why;
-    if (k < 1 || k % v->kmul || bad_group(count, n)
+    if (k < 1 || k % v->kmul || bad_group(count, n) || v->cls == CLASS_INT8_MM
         || (v->cls == CLASS_INT8) != (scales != NULL))
         return 1;
     float *xn = malloc((size_t)k * 8 + 64); /* x, then x prepared */
@@ -183,4 +188,16 @@ int qwen3_matvec(int kernel_index, const void *x, int x_f32, int count,
     }
     free(xn);
     return rc;
+}
+
+/* The multi-row form: m rows of x at once (int8 weights) */
+int qwen3_matmul(int kernel_index, const void *x, int x_f32, long m, int count,
+                 const void *const *w, const float *const *scales,
+                 const long *n, void *y, int y_f32, long k, int threads) {
+    int why;
+    const kernel *v = kernel_for(kernel_index, CLASS_INT8_MM, &why);
+    if (!v) return why;
+    if (k < 1 || k % v->kmul || m < 1 || bad_group(count, n) || !scales) return 1;
+    const group g = {count, w, scales, n};
+    return int8_matmul(v, x, x_f32, m, &g, y, y_f32, k, threads);
 }

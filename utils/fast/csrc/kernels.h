@@ -1,9 +1,11 @@
 /* The matrix-vector row kernels and their table (dispatch.c).
 
    A row kernel computes rows of y = w x for one matrix. Kernels come in
-   three classes; every kernel of a class computes what its first kernel
+   four classes; every kernel of a class computes what its first kernel
    (kernels_v8.c: AVX2 or NEON) does: bit for bit for "exact" (ATen's
    summation order) and "int8", within float32's error bound for "fast".
+   The fourth, "int8_mm" (kernels_mm.c), takes several rows of x at once
+   and gives each the bits the int8 class gives it alone.
    Which kernel of a class runs is chosen by CPU features
    (utils/fast/dispatch.py). */
 #ifndef QWEN3_KERNELS_H
@@ -77,6 +79,10 @@ ROW_KERNEL(rows_i8q_vnni_s2);
 void x_to_bf16(const float *xn, long k, float *xp);
 /* Whether x holds a value bf16 cannot represent (then x_to_bf16 rounds) */
 int needs_float_x(const float *xn, long k);
+/* The multi-row int8 kernels (kernels_mm.c; class "int8_mm"): x is an
+   mm_x there, never a float vector; the vec8 form and AVX512_VNNI's */
+ROW_KERNEL(rows_i8mm);
+ROW_KERNEL(rows_i8mm_vnni);
 /* Whether the compiler built the AVX-512 kernels (x86-64; gcc >= 10,
    clang >= 9) */
 #if defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 9 : __GNUC__ >= 10)
@@ -89,7 +95,7 @@ int needs_float_x(const float *xn, long k);
    dispatch.c). CPU_BASE is what the first kernels need: AVX2 with FMA,
    or NEON (every AArch64 CPU). */
 enum { CPU_BASE = 1, CPU_AVX512 = 2, CPU_AVX512_BF16 = 4, CPU_AVX512_VNNI = 8 };
-enum { CLASS_EXACT, CLASS_FAST, CLASS_INT8, CLASS_COUNT };
+enum { CLASS_EXACT, CLASS_FAST, CLASS_INT8, CLASS_INT8_MM, CLASS_COUNT };
 
 /* x for a row kernel from float32 x (k values; xp: k floats + 16) */
 typedef void (*prep_fn)(const float *xn, long k, float *xp);
@@ -110,5 +116,11 @@ const kernel *kernel_for(int i, int cls, int *why);
 /* The kernel a call with k columns runs: v, or its class's first kernel
    when k is not a multiple of v's kmul (bf16: the fast class's) */
 const kernel *kernel_fitting(const kernel *v, long k);
+/* y (m, sum n) = x (m rows of k) times a group's int8 weights transposed
+   with the multi-row kernel v (kernels_mm.c): each row of y has the bits
+   the int8 class's reference gives that row alone. 0, or 2 when out of
+   memory */
+int int8_matmul(const kernel *v, const void *x, int x_f32, long m,
+                const group *g, void *y, int y_f32, long k, int threads);
 
 #endif
