@@ -195,3 +195,25 @@ def test_no_cache_runs_every_step_on_the_whole_sequence(tok):
 def test_common_prefix():
     assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
     assert common_prefix([], [1]) == 0 and common_prefix([1, 2], [1, 2, 3]) == 2
+
+
+def test_the_bonus_script_times_the_first_token_of_each_stream():
+    """ch02/03_fast-decoding/chat_ttft.py's clock: tokens pass through, one
+    (wall, CPU) time per stream, the inner stream closed when cut short."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "ch02" / "03_fast-decoding" / "chat_ttft.py"
+    spec = importlib.util.spec_from_file_location("chat_ttft", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    model = tiny_model()
+    clock = script.FirstTokenClock(GreedyStreamer(model))
+    assert clock.model is model  # the loop reads the streamer's model
+    prompt = torch.tensor([[1, 2, 3]])
+    want = list(GreedyStreamer(model).stream(prompt, 4))
+    assert list(clock.stream(prompt, 4)) == want and len(want) == 4
+    cut = clock.stream(prompt, 4)
+    next(cut)
+    cut.close()
+    assert len(clock.times) == 2 and all(w > 0 and c >= 0 for w, c in clock.times)
