@@ -217,3 +217,27 @@ def test_the_bonus_script_times_the_first_token_of_each_stream():
     next(cut)
     cut.close()
     assert len(clock.times) == 2 and all(w > 0 and c >= 0 for w, c in clock.times)
+
+
+def test_the_fast_cache_grows_between_turns_not_before_an_answer(tok):
+    """After each turn the fast cache has room for a next turn of 256
+    tokens and its answer, so the next answer runs in that same cache (no
+    copy before its first token); the answers stay a fresh prefill's."""
+    model = tiny_model()
+    model.cfg = {**model.cfg, "context_length": 1024}
+    streamer = GreedyStreamer(model)
+    session = cli.ChatSession(tok, streamer, torch.device("cpu"), 1024, 8, fast=True)
+
+    def cache():
+        return next(iter(streamer._fast.values())).trf_blocks[0].att.k_cache
+
+    before, during = None, []
+    for i, text in enumerate(MESSAGES[:3]):
+        prompt = session.ids + session.turn_ids(text)
+        during.clear()
+        info = session.reply(text, lambda piece: during.append(cache()))
+        if i:
+            assert during and all(c is before for c in during)
+        before = cache()
+        assert before.shape[2] >= len(session.ids) + 256 + 8
+        assert info["answer_ids"] == fresh_answer(model, prompt, 8, True)

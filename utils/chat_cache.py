@@ -52,6 +52,16 @@ class ChatCache:
         self.ids, self.prefilled = [], 0
         self._model = self._book_cache = self._epoch = None
 
+    def reserve(self, num_tokens: int) -> None:
+        """Make the fast model's cache hold `num_tokens` positions (at most
+        the context length), keeping what it holds: grown between turns,
+        the copy does not delay the next turn's first token. (The book's
+        cache grows a step at a time.)"""
+        if self._fast_cache_is_ours(self._model) and self.ids:
+            keep = len(self.ids)
+            total = min(num_tokens, self._model.cfg["context_length"])
+            self._model.setup_cache(1, max(total, keep), keep=keep)
+
     def _fast_cache_is_ours(self, model: Any) -> bool:
         """Whether the fast model's cache still holds what `ids` say (no
         other generation set it up since this one's last turn)."""

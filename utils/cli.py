@@ -469,6 +469,8 @@ class ChatSession:
         text = self.tokenizer.decode(content)
         self.messages += [("user", user_text), ("assistant", text)]
         self.ids = prompt + content + [IM_END_ID, *self.encode("\n")]
+        # room for a next turn of up to 256 tokens and its answer
+        self.kept.reserve(len(self.ids) + 256 + self.max_new_tokens)
         return {
             "prompt_tokens": len(prompt),
             "answer_tokens": len(answer),
