@@ -118,7 +118,7 @@ def test_should_stop_and_ctrl_c_keep_the_text(tok):
 
 def test_clock_is_read_after_the_device_synchronised(tok, monkeypatch):
     events: list[str] = []
-    clock = iter([100.0, 100.0])
+    clock = iter([100.0, 100.0, 100.0])  # start, first token, end
 
     def fake_clock():
         events.append("clock")
@@ -128,9 +128,24 @@ def test_clock_is_read_after_the_device_synchronised(tok, monkeypatch):
     monkeypatch.setattr(device, "synchronize", lambda d: events.append(f"sync {d}"))
     ids = tok.encode(" a b c")
     result = stream_generation(Scripted(ids), tok, [1], 3, device=torch.device("cpu"))
-    assert events == ["clock", "sync cpu", "clock"]
+    assert events == ["clock", "clock", "sync cpu", "clock"]
     # No elapsed time: the speed is 0, nothing raises
     assert result.elapsed_s == 0.0 and result.tokens_per_sec == 0.0
+
+
+@pytest.mark.parametrize("scripted", [[5, 6, 7], []], ids=["tokens", "none"])
+def test_the_time_to_the_first_token_is_measured(tok, monkeypatch, scripted):
+    """Read when the first id arrives (the prefill's end); without any
+    token, the whole run's time."""
+    clock = iter([100.0, 100.4, 101.0] if scripted else [100.0, 100.3])
+    monkeypatch.setattr(streaming.time, "perf_counter", lambda: next(clock))
+    result = stream_generation(Scripted(scripted), tok, [1], 3)
+    assert result.token_ids == scripted
+    if scripted:
+        assert result.first_token_s == pytest.approx(0.4)
+        assert result.elapsed_s == pytest.approx(1.0)
+    else:
+        assert result.first_token_s == result.elapsed_s == pytest.approx(0.3)
 
 
 def test_stats_print_the_books_lines_even_without_elapsed_time(

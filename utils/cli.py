@@ -376,11 +376,16 @@ def generate_main(argv: Sequence[str] | None = None) -> int:
 class ChatSession:
     """A multi-turn conversation in the Qwen3 chat format.
 
-    `messages` holds (role, text) pairs; each answer is generated from the
-    whole conversation rendered as `<|im_start|>role\\n...<|im_end|>\\n`. Like
-    Qwen3's own template, earlier answers keep only the text after their
-    `</think>`. Without thinking, the answer starts with an empty think block,
-    as the book's tokenizer writes it.
+    `messages` holds (role, text) pairs for /history; `ids` the conversation
+    as token ids, each turn `<|im_start|>role\\n...<|im_end|>\\n`. An answer
+    keeps the ids it was generated as (its text is never encoded again),
+    after the opening it was given: with thinking, only the ids after its
+    `</think>`, as Qwen3's own template keeps them; without, its empty think
+    block too (the tokens the model saw: where the template drops it, every
+    turn would prefill the last answer again). `kept` holds the KV cache of
+    `ids` between turns, so a turn prefills only its own tokens, and only
+    from the earlier answer on where thinking was dropped
+    (`utils.chat_cache`).
     """
 
     tokenizer: Any
@@ -393,35 +398,60 @@ class ChatSession:
     compile: bool = False
     fast: bool = False
     messages: list[tuple[str, str]] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    kept: Any = None  # a utils.chat_cache.ChatCache, made with the session
+
+    def __post_init__(self) -> None:
+        if self.kept is None:
+            from utils.chat_cache import ChatCache
+
+            self.kept = ChatCache()
+
+    def turn_ids(self, user_text: str) -> list[int]:
+        """The ids a new user turn adds: the message and the opening of the
+        assistant's answer."""
+        text = f"{IM_START}user\n{user_text}{IM_END}\n{IM_START}assistant\n"
+        return self.encode(text if self.thinking else text + EMPTY_THINK)
 
     def render(self, user_text: str | None = None) -> str:
         """The conversation as chat-format text, optionally with a new user
         turn and the opening of the assistant's answer."""
-        parts = [f"{IM_START}{role}\n{text}{IM_END}\n" for role, text in self.messages]
-        if user_text is not None:
-            parts.append(f"{IM_START}user\n{user_text}{IM_END}\n")
-            parts.append(f"{IM_START}assistant\n")
-            if not self.thinking:
-                parts.append(EMPTY_THINK)
-        return "".join(parts)
+        ids = self.ids if user_text is None else self.ids + self.turn_ids(user_text)
+        return self.tokenizer.decode(ids)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, chat_wrapped=False))
 
     def history_tokens(self) -> int:
-        return len(self.encode(self.render())) if self.messages else 0
+        return len(self.ids)
 
     def clear(self) -> None:
+        """Forget the conversation and free its KV cache."""
         self.messages.clear()
+        self.ids.clear()
+        self.kept.clear()
+
+    def _kept_answer(self, answer: list[int]) -> list[int]:
+        """The ids of an answer as the conversation keeps them: after its
+        last `</think>` and the newlines that follow, if it has one."""
+        end = self.encode("</think>")
+        starts = [i for i in range(len(answer)) if answer[i : i + len(end)] == end]
+        if not starts:
+            return list(answer)
+        rest = answer[starts[-1] + len(end) :]
+        while rest and not self.tokenizer.decode(rest[:1]).strip("\n"):
+            rest = rest[1:]
+        return rest
 
     def reply(self, user_text: str, write: Callable[[str], Any]) -> dict[str, Any]:
         """Generate the answer to `user_text`, passing text pieces to `write`;
-        returns counts. Ctrl-C ends the answer early and keeps what was said.
-        Raises UsageError (conversation unchanged) when it cannot fit."""
+        returns counts and the time to the first token. Ctrl-C ends the
+        answer early and keeps what was said. Raises UsageError
+        (conversation unchanged) when it cannot fit."""
         from utils.streaming import stream_generation
 
         try:
-            prompt = self.encode(self.render(user_text))
+            prompt = self.ids + self.turn_ids(user_text)
         except Exception as exc:  # e.g. text the tokenizer cannot take
             raise UsageError(
                 f"could not encode that message ({first_line(exc)}); "
@@ -447,6 +477,7 @@ class ChatSession:
                 compile=self.compile,
                 fast=self.fast,
                 device=self.device,
+                kept=self.kept,
             )
         except ValueError as exc:  # too long for memory: checked before work
             raise UsageError(str(exc)) from None
@@ -454,14 +485,19 @@ class ChatSession:
         stopped = "stopped" if result.interrupted else None
         if stopped is None and len(answer) == budget and budget < self.max_new_tokens:
             stopped = "context length reached"
+        content = self._kept_answer(answer)
         # The tokenizer's own decode (it drops ids it does not know)
-        text = self.tokenizer.decode(answer)
-        content = text.split("</think>")[-1].lstrip("\n")
-        self.messages += [("user", user_text), ("assistant", content)]
+        text = self.tokenizer.decode(content)
+        self.messages += [("user", user_text), ("assistant", text)]
+        self.ids = prompt + content + [IM_END_ID, *self.encode("\n")]
+        # room for a next turn of up to 256 tokens and its answer
+        self.kept.reserve(len(self.ids) + 256 + self.max_new_tokens)
         return {
             "prompt_tokens": len(prompt),
             "answer_tokens": len(answer),
+            "answer_ids": answer,
             "tokens_per_sec": result.tokens_per_sec,
+            "first_token_s": result.first_token_s,
             "stopped": stopped,
         }
 
@@ -625,7 +661,8 @@ def _answer(session: ChatSession, message: str) -> None:
     note = f"; {info['stopped']}" if info["stopped"] else ""
     _say(
         f"[prompt {info['prompt_tokens']} tokens, answer "
-        f"{info['answer_tokens']} tokens, "
+        f"{info['answer_tokens']} tokens, first token "
+        f"{info['first_token_s']:.2f} s, "
         f"{info['tokens_per_sec']:.1f} tokens/sec; conversation "
         f"{session.history_tokens()}/{session.context_length} tokens{note}]"
     )

@@ -83,13 +83,30 @@ def generate_text_basic_stream(
     return _stream(model, token_ids, max_new_tokens, eos_token_id)
 
 
-@torch.inference_mode()
 def _stream_cache(model, token_ids, max_new_tokens, eos_token_id):
-    model.eval()
     cache = KVCache(n_layers=model.cfg["n_layers"])
-    model.reset_kv_cache()
-    # Prefill: the prompt goes through once and fills the cache
-    out = model(token_ids, cache=cache)[:, -1]
+    return _stream_from(model, cache, 0, token_ids, max_new_tokens, eos_token_id)
+
+
+def truncate_kv_cache(model: torch.nn.Module, cache: KVCache, length: int) -> None:
+    """Keep the keys/values of the first `length` positions in the book's
+    `cache` and set the book's `model` to go on from there (e.g. a chat's
+    next turn, or the end of a turn that Ctrl-C cut short)."""
+    for i, entry in enumerate(cache.get_all()):
+        if entry is not None:
+            keys, values = entry
+            kept = (keys[:, :, :length], values[:, :, :length])
+            cache.update(i, kept if length else None)
+    getattr(model, "_orig_mod", model).current_pos = length  # compiled or not
+
+
+@torch.inference_mode()
+def _stream_from(model, cache, start, token_ids, max_new_tokens, eos_token_id):
+    model.eval()
+    truncate_kv_cache(model, cache, start)
+    # Prefill: the prompt (after the `start` tokens already in the cache)
+    # goes through once and fills the cache
+    out = model(token_ids[:, start:], cache=cache)[:, -1]
     for _ in range(max_new_tokens):
         next_token = torch.argmax(out, dim=-1, keepdim=True)
         if _is_eos(next_token, eos_token_id):
@@ -109,6 +126,25 @@ def generate_text_basic_stream_cache(
     KVCache so each step processes only the newest token."""
     check_generation_inputs(model, token_ids, max_new_tokens)
     return _stream_cache(model, token_ids, max_new_tokens, eos_token_id)
+
+
+def generate_text_stream_from_cache(
+    model: torch.nn.Module,
+    cache: KVCache,
+    start: int,
+    token_ids: torch.Tensor,
+    max_new_tokens: int,
+    eos_token_id: int | None = None,
+) -> Iterator[torch.Tensor]:
+    """`generate_text_basic_stream_cache` with a cache that already holds the
+    keys/values of `token_ids[:, :start]` (from an earlier generation with
+    this cache and model): only the rest is prefilled. The same tokens as a
+    fresh prefill of `token_ids`, up to float rounding (a chat keeps its
+    cache between turns with this: `utils.chat_cache`)."""
+    check_generation_inputs(model, token_ids, max_new_tokens)
+    if not 0 <= start < token_ids.shape[1]:
+        raise ValueError(f"start must be in [0, {token_ids.shape[1]}), got {start}")
+    return _stream_from(model, cache, start, token_ids, max_new_tokens, eos_token_id)
 
 
 def stats_lines(stats: dict[str, Any], decimal_below: float = 1.0) -> list[str]:

@@ -22,11 +22,14 @@ import codecs
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from utils.token_view import TokenBytes, unknown_piece
+
+if TYPE_CHECKING:
+    from utils.chat_cache import ChatCache
 
 
 class Utf8StreamDecoder:
@@ -119,25 +122,34 @@ class GreedyStreamer:
         cache: bool = True,
         compile: bool = False,
         fast: bool = False,
+        kept: ChatCache | None = None,
     ) -> Iterator[int]:
         """Yield new token ids one at a time (batch of one), stopping at
-        `eos_token_id` without yielding it."""
+        `eos_token_id` without yielding it. `kept`: a conversation's cache,
+        continued (with a cache: the book's or the fast one; without one,
+        every step runs the whole sequence anyway and `kept` is cleared)."""
         from utils.generation import (
             generate_text_basic_stream,
             generate_text_basic_stream_cache,
         )
 
+        args = (token_ids, max_new_tokens, eos_token_id)
         if fast:
             from utils.fast import generate
 
             model = self._fast_model(compile, token_ids.device)
-            gen = generate(model, token_ids, max_new_tokens, eos_token_id)
+            gen = kept.stream(model, *args, fast) if kept else generate(model, *args)
         else:
-            fn = generate_text_basic_stream
-            if cache:
-                fn = generate_text_basic_stream_cache
             model = self._book_model(compile)
-            gen = fn(model, token_ids, max_new_tokens, eos_token_id)
+            if cache and kept is not None:
+                gen = kept.stream(model, *args, fast)
+            else:
+                if kept is not None:
+                    kept.clear()
+                fn = generate_text_basic_stream
+                if cache:
+                    fn = generate_text_basic_stream_cache
+                gen = fn(model, *args)
         return _as_ints(gen)
 
 
@@ -163,6 +175,8 @@ class StreamResult:
     elapsed_s: float = 0.0
     interrupted: bool = False  # Ctrl-C ended it
     stopped: bool = False  # `should_stop` ended it
+    # seconds to the first token (the prefill); to the end if none came
+    first_token_s: float | None = None
     stats: dict[str, Any] | None = None  # generate_stats, when asked for
 
     @property
@@ -196,6 +210,7 @@ def stream_generation(
     should_stop: Callable[[], bool] | None = None,
     on_token: Callable[[int], Any] | None = None,
     stats: str | None = None,
+    kept: ChatCache | None = None,
 ) -> StreamResult:
     """Generate greedily from `prompt_ids`, writing text pieces as they become
     whole characters; return the ids, text, time and (`stats="print"` or
@@ -203,8 +218,9 @@ def stream_generation(
     made: building the fast path the first time is not counted.
 
     `on_token` sees each id before its text; `should_stop` is asked after each
-    token. Invalid inputs, and a prompt whose attention would not fit in
-    memory, raise ValueError before anything is generated.
+    token; `kept` continues a conversation's cache (`GreedyStreamer.stream`).
+    Invalid inputs, and a prompt whose attention would not fit in memory,
+    raise ValueError before anything is generated.
     """
     from utils.device import reset_peak_memory, synchronize
 
@@ -217,14 +233,18 @@ def stream_generation(
     # Making the stream builds the fast path the first time (and with
     # compile, compiles and picks, reported on stderr): set-up, not part
     # of the generation's time
+    more = {} if kept is None else {"kept": kept}
     stream = streamer.stream(
-        ids, max_new_tokens, eos_token_id, cache=cache, compile=compile, fast=fast
-    )
+        ids, max_new_tokens, eos_token_id, cache=cache, compile=compile, fast=fast,
+        **more,
+    )  # fmt: skip
     start = time.perf_counter()
     decoder = Utf8StreamDecoder(tokenizer)
-    tail = _consume(stream, result, decoder, write, should_stop, on_token)
+    tail = _consume(stream, result, decoder, write, should_stop, on_token, start)
     synchronize(device)
     result.elapsed_s = time.perf_counter() - start
+    if result.first_token_s is None:
+        result.first_token_s = result.elapsed_s
     tail()
     if stats is not None:
         _add_stats(result, tokenizer, device, quiet=stats == "quiet")
@@ -264,9 +284,12 @@ def _consume(
     write: Callable[[str], Any] | None,
     should_stop: Callable[[], bool] | None,
     on_token: Callable[[int], Any] | None,
+    start: float,
 ) -> Callable[[], None]:
-    """Read the stream into `result`, writing text as it completes; Ctrl-C
-    ends it early. Returns the call that writes what the decoder holds."""
+    """Read the stream into `result`, writing text as it completes and
+    noting when the first token came (`start`: the clock's reading at the
+    beginning); Ctrl-C ends it early. Returns the call that writes what
+    the decoder holds."""
 
     def emit(piece: str) -> None:
         if piece:
@@ -276,6 +299,8 @@ def _consume(
 
     try:
         for token_id in stream:
+            if not result.token_ids:
+                result.first_token_s = time.perf_counter() - start
             result.token_ids.append(token_id)
             if on_token is not None:
                 on_token(token_id)

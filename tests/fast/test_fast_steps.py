@@ -301,3 +301,58 @@ def test_a_batch_stops_only_when_every_row_is_at_eos():
     assert _all_eos(torch.tensor([[7], [7]]), 7)
     assert not _all_eos(torch.tensor([[7], [3]]), 7)
     assert not _all_eos(torch.tensor([[3]]), 7)
+
+
+# ---------------------------------------------------------------------------
+# A cache continued (a chat's next turn: generate(start=...))
+# ---------------------------------------------------------------------------
+
+
+def _continued(model, first_budget):
+    """A first generation cut after 10 tokens, then a longer prompt that
+    shares its first 15 ids (prompt and the 9 tokens that went in),
+    continued from there: 20 tokens."""
+    first = generate(model, PROMPT, first_budget)
+    answer = [first.__next__() for _ in range(10)]
+    first.close()
+    extra = torch.arange(100, 160).unsqueeze(0)
+    prompt = torch.cat([PROMPT, *answer[:9], extra], dim=1)
+    n = PROMPT.shape[1] + 9
+    return prompt, tokens(generate(model, prompt, 20, start=n))
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["eager", "native"])
+def test_a_continued_cache_computes_what_a_roomy_one_does(fast_tiny, native):
+    """The second generation must grow the first one's cache (64 slots):
+    what it keeps is copied and the native step reads the new one, so the
+    tokens are those of the same calls on a cache roomy from the start; on
+    the eager path (float32), also those of a fresh prefill."""
+    if native:
+        if get_kernels() is None:
+            pytest.skip("the native step needs the C kernels")
+        cfg = tiny_config(context_length=512, dtype=torch.bfloat16)
+        sd = tiny_state_dict(0, cfg)
+        models = [fast_model(cfg, sd) for _ in range(3)]
+        assert all(m.use_native_step() for m in models)
+    else:
+        book = fast_tiny[0]
+        models = [FastQwen3.from_book_model(book) for _ in range(3)]
+    prompt, grown = _continued(models[0], 10)
+    assert models[0].trf_blocks[0].att.k_cache.shape[2] == 128  # grew from 64
+    _, roomy = _continued(models[1], 400)
+    assert models[1].trf_blocks[0].att.k_cache.shape[2] == 448  # never grew
+    assert grown == roomy and len(set(grown[0])) > 5
+    if not native:
+        assert grown == tokens(generate(models[2], prompt, 20))
+
+
+def test_a_continued_cache_needs_one_and_a_start_inside_the_prompt(fast_tiny):
+    _, fast = fast_tiny
+    fast.release_cache()
+    with pytest.raises(ValueError, match="no KV cache"):
+        list(generate(fast, PROMPT, 3, start=2))
+    with pytest.raises(ValueError, match="start must be in"):
+        generate(fast, PROMPT, 3, start=PROMPT.shape[1])
+    epoch = fast.cache_epoch
+    list(generate(fast, PROMPT, 3))  # a fresh cache: the epoch counts it
+    assert fast.cache_epoch == epoch + 1

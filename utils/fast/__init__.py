@@ -22,6 +22,7 @@ from utils.fast.steps import (
     decode_one_token,
     generate,
     prefill,
+    prefill_at,
 )
 
 __all__ = [
@@ -45,5 +46,6 @@ __all__ = [
     "kernel_table",
     "path_for",
     "prefill",
+    "prefill_at",
     "quantize_int8",
 ]

@@ -201,6 +201,7 @@ class StaticQwen3(nn.Module):
         self.register_buffer("positions", None, persistent=False)
         # what `use_cpu_matvec` last asked for
         self.cpu_matvec_wanted = True
+        self.cache_epoch = 0  # counts caches set up afresh (see setup_cache)
 
     @classmethod
     def from_book_model(cls, model: nn.Module) -> StaticQwen3:
@@ -247,22 +248,42 @@ class StaticQwen3(nn.Module):
         return active
 
     def setup_cache(
-        self, batch_size: int, num_tokens: int, device: torch.device | str | None = None
+        self,
+        batch_size: int,
+        num_tokens: int,
+        device: torch.device | str | None = None,
+        keep: int = 0,
     ) -> int:
         """Make sure a KV cache for `num_tokens` positions exists (rounded up,
         see `cache_length_for`), reusing the current one when it has that
-        shape. Returns the cache length."""
+        shape. Returns the cache length. `keep` > 0 continues the cache (a
+        chat's next turn): the first `keep` positions' keys/values stay, a
+        long enough cache stays as it is, a short one at least doubles (few
+        copies over a conversation). Otherwise `cache_epoch` counts up, so a
+        kept cache can tell that its contents were reused."""
         device = torch.device(device) if device is not None else self.device
-        length = cache_length_for(num_tokens, self.cfg["context_length"])
-        dtype = self.activation_dtype
-        shape = (batch_size, self.cfg["n_kv_groups"], length, self.head_dim)
+        context, dtype = self.cfg["context_length"], self.activation_dtype
+        length = cache_length_for(num_tokens, context)
         kc = self.trf_blocks[0].att.k_cache
-        current = None if kc is None else (tuple(kc.shape), kc.device, kc.dtype)
-        if current == (shape, device, dtype):
-            return length
+        same = kc is not None and (kc.shape[0], kc.device, kc.dtype) == (
+            batch_size, device, dtype)  # fmt: skip
+        if keep:
+            if not same or keep > kc.shape[2]:
+                raise ValueError("no KV cache of this batch and device to continue")
+            if kc.shape[2] >= num_tokens:
+                return kc.shape[2]
+            length = cache_length_for(max(num_tokens, 2 * kc.shape[2]), context)
+        else:
+            self.cache_epoch += 1
+            if same and kc.shape[2] == length:
+                return length
+        shape = (batch_size, self.cfg["n_kv_groups"], length, self.head_dim)
         for block in self.trf_blocks:
-            block.att.k_cache = torch.zeros(shape, dtype=dtype, device=device)
-            block.att.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+            for name in ("k_cache", "v_cache"):
+                new = torch.zeros(shape, dtype=dtype, device=device)
+                if keep:
+                    new[:, :, :keep] = getattr(block.att, name)[:, :, :keep]
+                setattr(block.att, name, new)
         # the book's float32 cos/sin values, only fewer rows
         cos, sin = compute_rope_params(
             self.head_dim, theta_base=self.cfg["rope_base"], context_length=length
@@ -270,6 +291,13 @@ class StaticQwen3(nn.Module):
         self.cos, self.sin = cos.to(device), sin.to(device)
         self.positions = torch.arange(length, device=device)
         return length
+
+    def release_cache(self) -> None:
+        """Drop the KV cache (a chat's /clear); the next generation makes a
+        new one."""
+        for block in self.trf_blocks:
+            block.att.k_cache = block.att.v_cache = None
+        self.cache_epoch += 1
 
     def forward(
         self,

@@ -244,6 +244,10 @@ class NativeStep:
         self._cache_ok = True
         return True
 
+    def drop_cache(self) -> None:
+        """Let go of the cache the table points at (the model dropped it)."""
+        self._cache_refs, self._keep_cache, self._cache_ok = (), (), False
+
     def _token_and_pos(self, cur_token: Tensor, input_pos: Tensor) -> tuple[int, int]:
         """Addresses of the token and the (first) position as int64 for C:
         the tensors' own where they are int64 on the CPU, else copies."""

@@ -163,6 +163,12 @@ class FastQwen3(StaticQwen3):
         """Whether `generate` will use the native (one C call) decode step."""
         return isinstance(self.decode_step, NativeStep)
 
+    def release_cache(self) -> None:
+        """Drop the KV cache, so its memory is freed (a chat's /clear)."""
+        super().release_cache()
+        if isinstance(self.decode_step, NativeStep):
+            self.decode_step.drop_cache()
+
 
 @torch.inference_mode()
 def prefill(model: StaticQwen3, token_ids: Tensor) -> tuple[Tensor, Tensor]:
@@ -172,6 +178,19 @@ def prefill(model: StaticQwen3, token_ids: Tensor) -> tuple[Tensor, Tensor]:
     num_tokens = token_ids.shape[1]
     input_pos = torch.arange(num_tokens, device=token_ids.device)
     return greedy_step(model, token_ids, input_pos, num_tokens)
+
+
+@torch.inference_mode()
+def prefill_at(
+    model: StaticQwen3, token_ids: Tensor, start: int
+) -> tuple[Tensor, Tensor]:
+    """`prefill` for tokens (b, t) at positions start.. whose cache already
+    holds positions 0..start-1 (a chat's next turn prefills only its own
+    tokens); the same returns."""
+    model.use_cpu_matvec()
+    end = start + token_ids.shape[1]
+    input_pos = torch.arange(start, end, device=token_ids.device)
+    return greedy_step(model, token_ids, input_pos, end)
 
 
 @torch.inference_mode()
@@ -194,17 +213,23 @@ def generate(
     token_ids: Tensor,
     max_new_tokens: int,
     eos_token_id: int | None = None,
+    start: int = 0,
 ) -> Iterator[Tensor]:
     """Yield greedy tokens (shape (batch, 1)) like the book's
     `generate_text_basic_stream_cache`: stop when every sequence produced
-    `eos_token_id`, never yielding it or anything after it."""
+    `eos_token_id`, never yielding it or anything after it. `start` > 0:
+    the model's cache already holds the keys/values of the first `start`
+    tokens (an earlier generation on it, `cache_epoch` unchanged since);
+    only the rest is prefilled."""
     if not isinstance(model, FastQwen3):
         raise TypeError(
             "generate() needs a FastQwen3; wrap the book's model with "
             "FastQwen3.from_book_model(model)"
         )
     check_generation_inputs(model, token_ids, max_new_tokens)
-    return _generate(model, token_ids, max_new_tokens, eos_token_id)
+    if not 0 <= start < token_ids.shape[1]:
+        raise ValueError(f"start must be in [0, {token_ids.shape[1]}), got {start}")
+    return _generate(model, token_ids, max_new_tokens, eos_token_id, start)
 
 
 @torch.inference_mode()
@@ -217,13 +242,13 @@ def _all_eos(token: Tensor, eos_token_id: int) -> bool:
     return bool(torch.all(token == eos_token_id))
 
 
-def _generate(model, token_ids, max_new_tokens, eos_token_id):
+def _generate(model, token_ids, max_new_tokens, eos_token_id, start=0):
     if max_new_tokens == 0:
         return
     model.eval()
     batch, prompt_len = token_ids.shape
     device = token_ids.device
-    model.setup_cache(batch, prompt_len + max_new_tokens, device)
+    model.setup_cache(batch, prompt_len + max_new_tokens, device, keep=start)
 
     def step(token, input_pos, kv_len):
         return decode_one_token(model, token, input_pos, kv_len)[0]
@@ -233,7 +258,10 @@ def _generate(model, token_ids, max_new_tokens, eos_token_id):
     # keeps working. On CPU nothing runs ahead, so compute only on demand.
     look_ahead = device.type != "cpu"
 
-    token, _ = prefill(model, token_ids)
+    if start:
+        token, _ = prefill_at(model, token_ids[:, start:], start)
+    else:
+        token, _ = prefill(model, token_ids)
     input_pos = torch.tensor([prompt_len], device=device)
     for i in range(max_new_tokens):
         more = i + 1 < max_new_tokens

@@ -1,0 +1,87 @@
+"""The chat's time to the first token, turn by turn.
+
+Five messages of one length (by default), each answered with 150 new tokens
+through `utils.cli.ChatSession`, the class behind `qwen3-chat`; prints each
+turn's prompt length and the time from the start of the answer to its first
+token (the prefill). A chat that keeps its KV cache prefills only the new
+turn, so the time stays flat; one that encodes the whole conversation again
+waits longer every turn. The first token is timed around the streamer, so
+the script measures older versions of the chat too.
+
+    QWEN3_STANDIN=1 uv run python ch02/03_fast-decoding/chat_ttft.py --fast
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+MESSAGE = "Tell me one more thing about topic {}, please."
+
+
+class FirstTokenClock:
+    """Wraps a streamer: the seconds from each `stream` call (the path is
+    already built: see the warm-up) to its first token, on the wall clock
+    and in the process's CPU time (all its threads: on a machine busy with
+    other work the wall time swings, the work does not)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.times: list[tuple[float, float]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def stream(self, *args: Any, **kwargs: Any) -> Iterator[int]:
+        gen = self.inner.stream(*args, **kwargs)
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            for i, token in enumerate(gen):
+                if i == 0:
+                    wall = time.perf_counter() - wall
+                    self.times.append((wall, time.process_time() - cpu))
+                yield token
+        finally:
+            gen.close()  # type: ignore[attr-defined]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--turns", type=int, default=5)
+    p.add_argument("--max-new-tokens", type=int, default=150)
+    p.add_argument("--fast", action="store_true", help="the fast path (--fast)")
+    p.add_argument("--threads", type=int, help="torch's CPU threads")
+    args = p.parse_args()
+    from reasoning_from_scratch.qwen3 import Qwen3Tokenizer
+
+    from utils import cli, models
+    from utils.download import download_qwen3_small
+    from utils.streaming import GreedyStreamer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    files = download_qwen3_small("reasoning", out_dir=None)  # the model store
+    tokenizer = Qwen3Tokenizer(str(files.tokenizer))
+    model = models.load_book_model_file(files.model, "cpu")
+    clock = FirstTokenClock(GreedyStreamer(model, adopt=args.fast))
+    # warm-up: build the path (and the kernels) before any clock runs
+    list(clock.stream(torch.tensor([[1, 2, 3]]), 2, fast=args.fast))
+    session = cli.ChatSession(
+        tokenizer, clock, torch.device("cpu"), 40960, args.max_new_tokens,
+        fast=args.fast,
+    )  # fmt: skip
+    clock.times.clear()
+    print("| Turn | Prompt (tokens) | First token (s) | CPU time to it (s) |")
+    print("|---:|---:|---:|---:|")
+    for turn in range(1, args.turns + 1):
+        info = session.reply(MESSAGE.format(turn), lambda text: None)
+        wall, cpu = clock.times[-1]
+        print(f"| {turn} | {info['prompt_tokens']} | {wall:.2f} | {cpu:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
