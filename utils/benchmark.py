@@ -602,8 +602,10 @@ def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         modes = _check_cli(args)
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
+        if args.threads is not None:  # torch's and the native step's
+            from utils.threads import pin_step_threads
+
+            pin_step_threads(args.threads)
         rows = run_benchmark(
             modes=modes,
             device=args.device,
