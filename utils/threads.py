@@ -53,20 +53,23 @@ class ThreadChoice:
     (ch02/03_fast-decoding/README.md, "A busy machine"). What the OS gives
     changes from minute to minute, so no count is right for good: each count
     of `thread_candidates(most)` is timed once, then the fastest so far runs
-    (its time a moving average), and every other count is tried again once
-    after `retry` steps times how much slower it was (a count 10x slower
-    costs under 1/16 of the time; one as fast is rechecked soon). The first
-    step (cold caches) is not counted. `most` follows torch's thread count."""
+    (its time a moving average over the steps it runs), and every other
+    count is tried again once after `retry` steps times how much slower it
+    was (a count 10x slower costs under 1/16 of the time; one as fast is
+    rechecked soon); a time older than `retry` steps is replaced, not
+    averaged. The first step (cold caches) is not counted. `most` follows
+    torch's thread count."""
 
     def __init__(self, retry: int = 16, weight: float = 0.3) -> None:
         self.retry, self.weight = retry, weight
         self.most = 0
         self.seconds: dict[int, float] = {}  # moving average per count
         self.due: dict[int, int] = {}  # the step at which to try it again
+        self.last: dict[int, int] = {}  # the step it last ran
         self.steps = 0
 
     def _reset(self, most: int) -> None:
-        self.most, self.seconds = most, {}
+        self.most, self.seconds, self.last = most, {}, {}
         self.due = {n: 0 for n in thread_candidates(most)}
         self.steps = -1  # the next step is a warm-up
 
@@ -86,9 +89,12 @@ class ThreadChoice:
         self.steps += 1
         if self.steps <= 0 or threads not in self.due:
             return  # the warm-up step, or a count from before a reset
-        old = self.seconds.get(threads)
-        self.seconds[threads] = seconds if old is None else (
-            old + self.weight * (seconds - old))  # fmt: skip
+        old, fresh = self.seconds.get(threads), self.steps - self.retry
+        if old is None or self.last.get(threads, fresh) <= fresh:
+            self.seconds[threads] = seconds  # none yet, or from another time
+        else:
+            self.seconds[threads] = old + self.weight * (seconds - old)
+        self.last[threads] = self.steps
         fastest = min(self.seconds.values())
         slower = self.seconds[threads] / fastest if fastest > 0 else 1.0
         self.due[threads] = self.steps + round(self.retry * slower)
