@@ -901,14 +901,19 @@ def test_a_broken_pipe_elsewhere_is_still_an_error(capfd):
 
 @pytest.fixture
 def threads_back():
+    from utils.threads import pin_step_threads
+
     before = torch.get_num_threads()
     yield
+    pin_step_threads(None)  # native steps choose their count again
     torch.set_num_threads(before)
 
 
 def test_threads_sets_torchs_thread_count_before_loading(
     tiny_cli, monkeypatch, capsys, threads_back
 ):
+    from utils.threads import pinned_threads
+
     seen = []
     load = cli.load
 
@@ -922,6 +927,7 @@ def test_threads_sets_torchs_thread_count_before_loading(
     assert cli.generate_main(args) == 0
     rc, _, _ = chat_in_process(monkeypatch, capsys, "", "--threads", "1")
     assert rc == 0 and seen == [1, 1]
+    assert pinned_threads() == 1  # the native step's count too, not chosen
     line = usage_error(cli.generate_main, ["--prompt", "hi", "--threads", "0"], capsys)
     assert "--threads" in line and "positive" in line
 

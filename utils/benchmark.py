@@ -718,8 +718,10 @@ def _main(argv: Sequence[str] | None) -> int:
     interrupted = None
     try:
         modes = _check_cli(args)
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
+        if args.threads is not None:  # torch's and the native step's
+            from utils.threads import pin_step_threads
+
+            pin_step_threads(args.threads)
         rows = run_benchmark(
             modes=modes,
             device=args.device,

@@ -110,8 +110,9 @@ def _add_common(p: argparse.ArgumentParser, default_tokens: int) -> None:
         "--threads",
         type=_positive_int,
         help="CPU threads for torch and the native decode step (default: "
-        "torch's choice, one per core); fewer, even 1, can be faster on a "
-        "machine busy with other work",
+        "torch's choice, one per core, of which the native step runs on as "
+        "many as prove fastest); fewer, even 1, can be faster on a machine "
+        "busy with other work",
     )
 
 
@@ -122,11 +123,13 @@ def _say(text: str) -> None:
 
 
 def _set_threads(threads: int | None) -> None:
-    """torch's CPU thread count (the native decode step uses the same)."""
+    """torch's CPU thread count, and the native decode step's: exactly
+    `threads` (None: torch's choice, and the native step picks how many of
+    those it runs on step by step, `utils.fast.native.ThreadChoice`)."""
     if threads is not None:
-        import torch
+        from utils.threads import pin_step_threads
 
-        torch.set_num_threads(threads)
+        pin_step_threads(threads)
 
 
 # --------------------------------------------------------------------------

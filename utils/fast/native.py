@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import array
 import operator
+import time
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from utils.fast.dispatch import choose
 from utils.fast.hugepages import move_weights_to_huge_pages
 from utils.fast.kernels import get_kernels
 from utils.fast.model import greedy_step
+from utils.threads import ThreadChoice, pinned_threads
 
 # Each layer's linear layers by the letter X of their slots WX (weight)
 # and SX (int8 scales); the groups share one input: one grouped call in C
@@ -165,6 +167,7 @@ class NativeStep:
         int8 = {_weight(layer)[1] is not None for layer in _linears(model)}
         used = {"exact": False in int8, "int8": True in int8}
         self.kernels = {cls: chosen[cls] for cls, needed in used.items() if needed}
+        self.threads = ThreadChoice()
 
     def describe(self) -> str:
         """One line for the reader, e.g. "bf16_exact_avx2, int8_avx2"."""
@@ -292,12 +295,15 @@ class NativeStep:
         ):
             return greedy_step(model, cur_token, input_pos, kv_len)
         logits, next_token = self._fresh_outputs()
+        threads = pinned_threads() or self.threads.next(torch.get_num_threads())
+        start = time.perf_counter()
         rc = self._kernels.lib.qwen3_decode_step(
             self._dims.buffer_info()[0], self._eps, self._table.buffer_info()[0],
             *self._token_and_pos(cur_token, input_pos),
             self._indices.buffer_info()[0], logits.data_ptr(), next_token.data_ptr(),
-            torch.get_num_threads(),
+            threads,
         )  # fmt: skip
+        self.threads.record(threads, time.perf_counter() - start)
         if rc == 1:
             pos = int(input_pos.reshape(-1)[0])
             raise ValueError(

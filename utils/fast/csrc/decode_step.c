@@ -142,7 +142,7 @@ static float *alloc_buf(const step_dims *d, const void *const *p, long pos,
     const size_t floats = (size_t)(2 * H * D + 2 * d->G * D + H * (pos + 1)
                                    + d->F + threads * lane_floats(d) + Y);
     float *mem = malloc(floats * 4);
-    b->left = team_words((size_t)threads * TEAM_COUNT + 2); /* sync first */
+    b->left = team_words((size_t)threads * TEAM_COUNT + TEAM_SYNC); /* sync first */
     if (!mem || !b->left) {
         free(mem), free(b->left);
         return NULL;
@@ -169,7 +169,7 @@ static lane lane_of(const step_dims *d, const step_buf *b, const mv_ctx *c) {
 #else
     ln.mc.tm.t = 0, ln.mc.tm.nt = 1;
 #endif
-    ln.mc.tm.sync = b->left, ln.mc.tm.left = b->left + 2, ln.mc.tm.seq = 0;
+    ln.mc.tm.sync = b->left, ln.mc.tm.left = b->left + TEAM_SYNC, ln.mc.tm.seq = 0;
     ln.x = b->lanes + ln.mc.tm.t * lane_floats(d);
     ln.hin = ln.x + d->E;
     ln.mc.xbuf = ln.hin + k_max(d);
@@ -247,7 +247,7 @@ static void attention(const step_dims *d, const void *const *q,
     test_stall(ln->mc.tm.t, ln->mc.tm.nt);
     for (long g = g0; g < g1; ++g)
         attend_kv_group(d, q, b, b->y[0], g, len, g + 1 < g1);
-    team_barrier();
+    team_barrier(&ln->mc.tm);
     mv1(&ln->mc, b->ctx, H * D, q[L_WO], q[L_SO], E, b->y[1]);
     add_residual(ln->x, b->y[1], E);
 }
@@ -262,7 +262,7 @@ static void feed_forward(const step_dims *d, const void *const *q,
     test_stall(t, nt);
     swiglu(b->y[0], b->y[0] + F, F / 8 * t / nt * 8, F / 8 * (t + 1) / nt * 8,
            b->act);
-    team_barrier();
+    team_barrier(&ln->mc.tm);
     mv1(&ln->mc, b->act, F, q[L_W3], q[L_S3], E, b->y[1]);
     add_residual(ln->x, b->y[1], E);
 }

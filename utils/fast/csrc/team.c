@@ -10,10 +10,19 @@
    end of each product. Every pass is computed by one call, the same way
    whoever makes it (see rows_fn), so the results are the same bits. */
 
+#include <limits.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "team.h"
+
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #ifdef _OPENMP
 /* from omp.h, declared here so no OpenMP headers are needed */
@@ -172,10 +181,53 @@ int run(const row_kernel *rk, const float *xv, const group *g, void *y,
     return 0;
 }
 
-void team_barrier(void) {
-#ifdef _OPENMP
-    #pragma omp barrier
+/* A waiting thread spins this long, then sleeps: far above a wait when
+   every thread has a core, far below the OS's time slice, which a spinning
+   thread would keep from a descheduled peer */
+#define SPIN_NS 50000L
+
+/* Whether *w still equals v after spinning SPIN_NS (the clock read every
+   64 pauses: a pause's length differs between CPUs) */
+static int still_after_spin(const uint32_t *w, uint32_t v) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 1;; ++i, cpu_relax()) {
+        if (__atomic_load_n(w, __ATOMIC_ACQUIRE) != v) return 0;
+        if (i % 64) continue;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000000000L + t.tv_nsec - t0.tv_nsec > SPIN_NS)
+            return 1;
+    }
+}
+
+/* A generation barrier over the words sync[2] (threads arrived), sync[3]
+   (the generation: a futex on Linux, elsewhere a yield) and sync[4]
+   (threads asleep). The last to arrive resets the count, then moves the
+   generation on. Sleepers and generation are read and written in one
+   total order (seq_cst): the last thread sees a sleeper and wakes it, or
+   the sleeper sees the new generation and does not sleep. */
+void team_barrier(team *tm) {
+    if (tm->nt < 2) return;
+    uint64_t *arrived = &tm->sync[2].left, *sleepers = &tm->sync[4].left;
+    uint32_t *gen = (uint32_t *)(void *)&tm->sync[3].left;
+    const uint32_t g = __atomic_load_n(gen, __ATOMIC_ACQUIRE);
+    if (__atomic_add_fetch(arrived, 1, __ATOMIC_ACQ_REL) == (uint64_t)tm->nt) {
+        __atomic_store_n(arrived, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(gen, g + 1, __ATOMIC_SEQ_CST);
+#ifdef __linux__
+        if (__atomic_load_n(sleepers, __ATOMIC_SEQ_CST))
+            syscall(SYS_futex, gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 #endif
+    } else if (still_after_spin(gen, g)) {
+        __atomic_add_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
+        while (__atomic_load_n(gen, __ATOMIC_SEQ_CST) == g)
+#ifdef __linux__
+            syscall(SYS_futex, gen, FUTEX_WAIT_PRIVATE, g, NULL, NULL, 0);
+#else
+            sched_yield();
+#endif
+        __atomic_sub_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
+    }
 }
 
 #ifdef _OPENMP
@@ -196,8 +248,11 @@ static void fill_once(const product *p, passes_left *sync, long seq) {
         __atomic_store_n(ready, (uint64_t)seq, __ATOMIC_RELEASE);
         return;
     }
-    while (__atomic_load_n(ready, __ATOMIC_ACQUIRE) < (uint64_t)seq)
-        cpu_relax();
+    /* the filler may be descheduled inside its sub-microsecond fill: then
+       this thread gives its core up now and then */
+    for (long i = 1; __atomic_load_n(ready, __ATOMIC_ACQUIRE) < (uint64_t)seq; ++i)
+        if (i % 1024) cpu_relax();
+        else sched_yield();
 }
 #endif
 
@@ -218,7 +273,7 @@ void team_product(const row_kernel *rk, const float *xv, const group *g,
         share(&p, tm->t, tm->nt);
 #endif
     }
-    team_barrier();
+    team_barrier(tm);
     test_stall(tm->t, tm->nt); /* late to read y and to the next product */
 }
 

@@ -15,10 +15,12 @@ typedef struct {
 
 /* A parallel region's threads running a sequence of products together
    (decode_step.c): thread t of nt, the team's shared passes-left words
-   (TEAM_COUNT per thread) and two words that say which product they were
-   last filled for (sync; all zero before the first), and this thread's
-   count of the products it has joined */
+   (TEAM_COUNT per thread) and TEAM_SYNC words of its own (sync; all zero
+   before the first product): two that say which product the passes-left
+   words were last filled for, and the barrier's (team_barrier); and this
+   thread's count of the products it has joined */
 #define TEAM_COUNT 3
+#define TEAM_SYNC 5
 typedef struct {
     passes_left *left, *sync;
     long seq;
@@ -46,8 +48,12 @@ void team_product(const row_kernel *rk, const float *xv, const group *g,
 /* int8_group as a team_product (qx: this thread's own scratch) */
 void team_int8_group(const float *xn, const group *g, void *y, int y_f32,
                      long k, int16_t *qx, const row_kernel *rows, team *tm);
-/* Waits for every thread of the team (no-op outside a parallel region) */
-void team_barrier(void);
+/* Waits for every thread of the team (no-op for a team of one). A thread
+   that waits spins for a few microseconds, then sleeps until the last one
+   arrives: on a machine busy with other work, a peer the OS has
+   descheduled then gets the waiting thread's core instead of a spinning
+   thread keeping it for a whole time slice. */
+void team_barrier(team *tm);
 
 /* The test build's hooks (tests/fast/csrc/testing.c): a count of the
    passes taken from another thread's share, and a delay of the last
