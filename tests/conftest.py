@@ -10,6 +10,10 @@ Environment variables only the tests read (the README lists the others):
     QWEN3_ZH_NOTEBOOKS=1    also run the Chinese notebooks under nbval
 """
 
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 
 
@@ -177,3 +181,28 @@ def exact_calls(monkeypatch):
 
     monkeypatch.setattr(Kernels, "matvec", spy)
     return calls
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mounts a small tmpfs of this test's own: `tmpfs("64k")` (more mount
+    options after the size, e.g. "ro") returns its folder, mode 700; root
+    only (skips elsewhere, or where mounting fails); unmounted afterwards.
+    A full or read-only disk without touching the machine's own."""
+    mounted: list[Path] = []
+
+    def mount(size: str, *options: str, name: str = "disk") -> Path:
+        if os.name != "posix" or os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root")
+        folder = tmp_path / name
+        folder.mkdir(mode=0o700)
+        opts = ",".join((f"size={size}", "mode=0700", *options))
+        cmd = ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(folder)]
+        if subprocess.run(cmd, capture_output=True).returncode != 0:
+            pytest.skip("cannot mount a tmpfs here")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in reversed(mounted):
+        subprocess.run(["umount", "-l", str(folder)], check=False)

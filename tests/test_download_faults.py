@@ -82,16 +82,9 @@ needs_root = pytest.mark.skipif(
 
 
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(tmpfs):
     """A 512 kB tmpfs (root only; unmounted afterwards)."""
-    folder = tmp_path / "small"
-    folder.mkdir(mode=0o700)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=0700", "tmpfs",
-                    str(folder)], check=True)  # fmt: skip
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
+    return tmpfs("512k", name="small")
 
 
 @needs_root

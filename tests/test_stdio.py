@@ -249,6 +249,6 @@ def test_benchmark_table_json_and_csv_are_the_same_under_every_code_page(
                 "--csv", str(files[1])]  # fmt: skip
         table, _ = run_to_file(args, under(env, page), tmp_path, f"{page}.txt")
         outputs[page] = [table] + [f.read_bytes() for f in files]
-    assert "| kv_cache |" in outputs["utf-8"][0].decode("utf-8")
+    assert "\nkv_cache " in outputs["utf-8"][0].decode("utf-8")
     assert "提示 ±" in outputs["utf-8"][2].decode("utf-8")  # the CSV
     assert outputs["gbk"] == outputs["cp1252"] == outputs["utf-8"]

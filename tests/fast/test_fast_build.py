@@ -379,18 +379,12 @@ def test_cache_path_that_is_a_file_says_so_in_one_line(tmp_path):
 
 
 @pytest.fixture
-def full_disk(tmp_path):
+def full_disk(tmpfs):
     """A 64 kB tmpfs, filled up (root only; unmounted afterwards)."""
-    folder = tmp_path / "full"
-    folder.mkdir(mode=0o700)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs",
-                    str(folder)], check=True)  # fmt: skip
-    try:
-        with contextlib.suppress(OSError), (folder / "filler").open("wb") as f:
-            f.write(b"\0" * (1 << 20))
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
+    folder = tmpfs("64k", name="full")
+    with contextlib.suppress(OSError), (folder / "filler").open("wb") as f:
+        f.write(b"\0" * (1 << 20))
+    return folder
 
 
 @needs_root
