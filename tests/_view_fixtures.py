@@ -15,7 +15,7 @@ import pytest
 import torch
 from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model, Qwen3Tokenizer
 
-from utils.standin import CACHE_ENV
+from utils.download.standin import CACHE_ENV
 
 TINY_CFG = {
     **QWEN_CONFIG_06_B,
@@ -51,7 +51,7 @@ def standin_files(
     tmp_path_factory: pytest.TempPathFactory, kind: str, tokenizer_only: bool
 ) -> tuple[Path, Path | None]:
     """Write (or reuse) the stand-in files of `kind` in the session folder."""
-    from utils.download import download_qwen3_small
+    from utils.download.fetch import download_qwen3_small
 
     env = standin_env(tmp_path_factory)
     with pytest.MonkeyPatch.context() as mp:

@@ -269,7 +269,7 @@ def fake_tokenizer_json(vocab_size: int, salt: str = "") -> bytes:
     vocabulary size is set to `vocab_size`."""
     import json
 
-    from utils.provenance import ADDED_TOKENS
+    from utils.download.provenance import ADDED_TOKENS
 
     data = {
         "version": "1.0",

@@ -1,4 +1,4 @@
-"""utils.bandwidth: the bytes a decode step reads, torch.sum's buffer
+"""utils.benchmark.bandwidth: the bytes a decode step reads, torch.sum's buffer
 on the step's page size, and a step timed beside a sum over its bytes (the
 benchmark's same-moment share)."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import utils.bandwidth as bandwidth
+import utils.benchmark.bandwidth as bandwidth
 import utils.fast
 from tests.tiny import tiny_config
+from utils.download.standin import standin_state_dict
 from utils.models import load_book_model
-from utils.standin import standin_state_dict
 
 TINY = tiny_config(vocab_size=500)
 SD = standin_state_dict(TINY, 0)

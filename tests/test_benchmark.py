@@ -13,13 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
-import utils.bandwidth
+import utils.benchmark.bandwidth
 import utils.fast
 from tests.tiny import tiny_config
-from utils import benchmark, benchmark_modes, benchmark_report
-from utils.bandwidth import weight_bytes_per_token
+from utils.benchmark import modes as benchmark_modes
+from utils.benchmark import report as benchmark_report
+from utils.benchmark import runner as benchmark
+from utils.benchmark.bandwidth import weight_bytes_per_token
+from utils.download.standin import standin_state_dict
 from utils.models import load_book_model
-from utils.standin import standin_state_dict
 
 TINY = tiny_config(vocab_size=500)
 MODES = ["regular", "kv_cache", "optimized", "fast"]
@@ -368,7 +370,7 @@ def test_native_modes_are_skipped_in_one_line_where_they_cannot_run(capsys):
 def test_each_mode_is_compared_with_the_read_speed_around_it(monkeypatch):
     probes = iter([30e9, 20e9, 40e9])  # start, after mode 1, after mode 2
     monkeypatch.setattr(
-        utils.bandwidth, "measure_read_bandwidth", lambda *a: next(probes)
+        utils.benchmark.bandwidth, "measure_read_bandwidth", lambda *a: next(probes)
     )
     rows = tiny_run(["kv_cache", "fast"], max_new_tokens=5)
     # the larger of the probes just before and just after each mode
@@ -393,7 +395,8 @@ def test_each_mode_is_compared_with_the_read_speed_around_it(monkeypatch):
 
 
 def test_a_mode_without_a_token_stream_has_no_paired_share(monkeypatch):
-    monkeypatch.setattr(utils.bandwidth, "measure_read_bandwidth", lambda *a: 30e9)
+    bandwidth = utils.benchmark.bandwidth
+    monkeypatch.setattr(bandwidth, "measure_read_bandwidth", lambda *a: 30e9)
     stamps = benchmark_modes.Prepared(lambda: [1.0, 2.0, 3.0], torch.nn.Linear(1, 1))
     stamps.timer = lambda stream, dev, **kw: {
         "ttft_s": 0.1,
@@ -666,7 +669,9 @@ def test_a_regular_file_is_replaced_whole_not_rewritten(
 
 DRIVER = r"""
 import json, sys
-from utils import benchmark, benchmark_modes, benchmark_report
+from utils.benchmark import runner as benchmark
+from utils.benchmark import modes as benchmark_modes
+from utils.benchmark import report as benchmark_report
 
 rows = json.load(open(sys.argv[1]))
 benchmark.run_benchmark = lambda **kw: rows
@@ -888,8 +893,9 @@ SIGINT_DRIVER = r"""
 import functools, sys, time
 import torch
 from tests.tiny import tiny_config
-from utils import benchmark, benchmark_modes
-from utils.standin import standin_state_dict
+from utils.benchmark import runner as benchmark
+from utils.benchmark import modes as benchmark_modes
+from utils.download.standin import standin_state_dict
 
 tiny = tiny_config(vocab_size=500)
 benchmark.run_benchmark = functools.partial(
@@ -949,7 +955,7 @@ def test_the_default_output_fits_80_columns_and_verbose_adds_the_rest(
 
 CUDA_PROBE = r"""
 import sys
-from utils.benchmark_modes import no_cuda_probe_line
+from utils.benchmark.modes import no_cuda_probe_line
 
 if sys.argv[1] == "quiet":
     with no_cuda_probe_line():

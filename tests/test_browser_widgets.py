@@ -481,7 +481,7 @@ def reference_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The project's (stand-in, exact) Qwen3 tokenizer, for expected ids."""
     from reasoning_from_scratch.qwen3 import Qwen3Tokenizer
 
-    from utils.download import download_qwen3_small
+    from utils.download.fetch import download_qwen3_small
 
     files = download_qwen3_small(
         "base", tokenizer_only=True, out_dir=tmp_path_factory.mktemp("tok")

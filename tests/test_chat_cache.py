@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from tests._view_fixtures import load_tokenizer, standin_files, tiny_model
-from utils import cli
 from utils.chat_cache import ChatCache, common_prefix
+from utils.cli import commands as cli
 from utils.fast import FastQwen3
 from utils.fast import generate as fast_generate
 from utils.generation import generate_text_basic_stream_cache

@@ -21,7 +21,7 @@ from tests._view_fixtures import (
     tiny_model,
     unknown_id_model,
 )
-from utils import cli
+from utils.cli import commands as cli
 from utils.fast import FastQwen3
 from utils.fast import generate as fast_generate
 from utils.qwen3_tokenizer import TOKENIZER_VOCAB_SIZE
@@ -507,7 +507,7 @@ import sys
 import torch
 sys.path.insert(0, sys.argv[1])
 from tests._view_fixtures import load_tokenizer, tiny_model
-from utils import cli
+from utils.cli import commands as cli
 from utils.streaming import GreedyStreamer
 
 model = tiny_model()
@@ -523,7 +523,7 @@ sys.exit(main(sys.argv[3:]))
 
 
 def test_download_error_prints_its_whole_message(monkeypatch, capsys, tmp_path):
-    from utils import download
+    import utils.download as download  # the door the command calls through
 
     error = download.DownloadError(
         "qwen3-0.6B-base.pth",
@@ -703,7 +703,7 @@ def private_copies(files: tuple[Path, Path | None], folder: Path) -> Path:
     build's page-out cannot drop the bf16 pages it has quantized."""
     import shutil
 
-    from utils.provenance import sidecar_path
+    from utils.download.provenance import sidecar_path
 
     folder.mkdir()
     for path in files:
@@ -803,7 +803,7 @@ def test_a_mistyped_option_is_named_before_a_missing_one(main, argv, wanted, cap
 
 
 def test_import_qwen3_names_a_mistyped_option_and_shows_no_none_default(capsys):
-    from utils import hf_interop
+    from utils.hf_interop import convert as hf_interop
 
     line = usage_error(
         hf_interop.main, ["import-qwen3", "folder", "--knd", "base"], capsys
@@ -901,7 +901,7 @@ def test_a_broken_pipe_elsewhere_is_still_an_error(capfd):
 
 @pytest.fixture
 def threads_back():
-    from utils.threads import pin_step_threads
+    from utils.fast.threads import pin_step_threads
 
     before = torch.get_num_threads()
     yield
@@ -912,7 +912,7 @@ def threads_back():
 def test_threads_sets_torchs_thread_count_before_loading(
     tiny_cli, monkeypatch, capsys, threads_back
 ):
-    from utils.threads import pinned_threads
+    from utils.fast.threads import pinned_threads
 
     seen = []
     load = cli.load

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from utils import benchmark, cli, hf_interop
+from utils.benchmark import runner as benchmark
+from utils.cli import commands as cli
+from utils.hf_interop import convert as hf_interop
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted(

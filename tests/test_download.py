@@ -23,10 +23,13 @@ from tests.fake_hosts import (
     serve_like_hub,
 )
 from tests.tiny import tiny_config
-from utils import download, download_sources, http_watch, provenance, standin
-from utils.download import KINDS, DownloadError, Qwen3Files, download_qwen3_small
-from utils.download_lock import lock_path
-from utils.provenance import is_verified
+from utils.download import fetch as download
+from utils.download import provenance, standin
+from utils.download import sources as download_sources
+from utils.download import watch as http_watch
+from utils.download.fetch import KINDS, DownloadError, Qwen3Files, download_qwen3_small
+from utils.download.lock import lock_path
+from utils.download.provenance import is_verified
 
 TOK, MODEL = "tokenizer-base.json", "qwen3-0.6B-base.pth"
 VOCAB = 12_000  # the fake tokenizer's vocabulary (Qwen3: 151,643)
@@ -483,7 +486,8 @@ def test_copied_standin_prints_the_banner_in_cli_and_benchmark(
 ):
     import argparse
 
-    from utils import benchmark, cli
+    from utils.benchmark import runner as benchmark
+    from utils.cli import commands as cli
 
     monkeypatch.setenv(standin.CACHE_ENV, str(tmp_path / "cache"))
     marked = standin.write_standin_weights(tmp_path / "a" / MODEL, "base", cfg=TINY)
@@ -704,7 +708,8 @@ def test_timeout_setting(monkeypatch):
 CHILD = """
 import sys
 from tests.tiny import tiny_config
-from utils import download, provenance
+from utils.download import fetch as download
+from utils.download import provenance
 provenance.MODEL_CONFIG = tiny_config()
 provenance.TOKENIZER_VOCAB = int(sys.argv[2])
 if sys.argv[3] == "die-after-transfer":
@@ -1079,7 +1084,8 @@ def test_download_timeout_governs_the_hub_transfer(
 DISK_FULL_CHILD = """
 import resource, signal, sys
 from tests.tiny import tiny_config
-from utils import download, provenance
+from utils.download import fetch as download
+from utils.download import provenance
 provenance.MODEL_CONFIG = tiny_config()
 provenance.TOKENIZER_VOCAB = int(sys.argv[2])
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes fail with EFBIG instead
@@ -1268,7 +1274,7 @@ def test_a_file_in_place_of_the_folder_is_not_waited_on(tmp_path):
 
 PLAIN_CHILD = """
 import sys
-from utils.download import download_qwen3_small
+from utils.download.fetch import download_qwen3_small
 download_qwen3_small("base", out_dir=sys.argv[1])
 """
 
@@ -1297,7 +1303,8 @@ def test_plain_python_shows_a_short_traceback(tmp_path):
     err = proc.stderr
     assert err.count('  File "') <= 2, err  # the call and download_qwen3_small
     assert "During handling" not in err and "_ensure_file" not in err
-    assert "utils.download.DownloadError: Could not download tokenizer-base.json" in err
+    want = "utils.download.fetch.DownloadError: Could not download tokenizer-base.json"
+    assert want in err
     assert "What you can try:" in err
 
 
@@ -1337,7 +1344,8 @@ def test_progress_without_a_terminal_is_one_line_per_phase(
     err = capsys.readouterr().err
     assert "\r" not in err  # no bar redrawn with carriage returns
     for name in (TOK, MODEL):
-        lines = [x for x in said(err, "utils.http_watch:") if x.startswith(name)]
+        lines = [x for x in said(err, "utils.download:") if x.startswith(name)]
+        lines = [x for x in lines if "% of" in x or " downloading " in x]
         assert len(lines) == 2, err
         assert lines[0].startswith(f"{name}: downloading ")
         assert lines[1].startswith(f"{name}: 100% of ") and " s (" in lines[1]

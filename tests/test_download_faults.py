@@ -16,8 +16,8 @@ import pytest
 from tests import test_download as base
 from tests.fake_hosts import HUB_PREFIX
 from tests.test_download import MODEL, TOK, assert_real, child_env, run_child
-from utils import download_sources
-from utils.download import download_qwen3_small
+from utils.download import sources as download_sources
+from utils.download.fetch import download_qwen3_small
 
 hosts, payloads = base.hosts, base.payloads
 tiny_expectations, store = base.tiny_expectations, base.store

@@ -14,8 +14,9 @@ import pytest
 
 from tests import test_download as base
 from tests.test_download import MODEL, TOK
-from utils import download_lock, linksafe
-from utils.download import download_qwen3_small
+from utils import linksafe
+from utils.download import lock as download_lock
+from utils.download.fetch import download_qwen3_small
 
 hosts, payloads = base.hosts, base.payloads
 tiny_expectations, store = base.tiny_expectations, base.store
@@ -25,7 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 HOLDER = """
     import sys, time
     from pathlib import Path
-    from utils import download_lock, linksafe
+    from utils import linksafe
+    from utils.download import lock as download_lock
     folder, name, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     with download_lock.held(folder, name):
         print("held", flush=True)

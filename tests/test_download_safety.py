@@ -15,8 +15,10 @@ import pytest
 from tests import test_download as base
 from tests.fake_hosts import MIRROR_PREFIX
 from tests.test_download import MODEL, TOK, assert_real, failed_lines, said
-from utils import download, download_lock, download_sources
-from utils.download import DownloadError, download_qwen3_small
+from utils.download import fetch as download
+from utils.download import lock as download_lock
+from utils.download import sources as download_sources
+from utils.download.fetch import DownloadError, download_qwen3_small
 
 # the loopback hosts, their files and the tiny content checks (autouse)
 hosts, payloads = base.hosts, base.payloads
@@ -229,7 +231,7 @@ def test_an_infinite_timeout_still_downloads(hosts, payloads, tmp_path, monkeypa
 def test_an_out_dir_that_is_a_file_gets_one_clear_line(
     hosts, tmp_path, monkeypatch, capsys, where
 ):
-    from utils import cli
+    from utils.cli import commands as cli
 
     plain = tmp_path / "qwen3"
     plain.write_text("not a folder")

@@ -12,12 +12,12 @@ from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model
 
 from tests.tiny import book_model, tiny_config
 from utils import device
+from utils.download.standin import standin_state_dict
 from utils.generation import (
     generate_stats,
     generate_text_basic_stream,
     generate_text_basic_stream_cache,
 )
-from utils.standin import standin_state_dict
 
 TINY = tiny_config(vocab_size=512, context_length=128)
 GENERATORS = [generate_text_basic_stream, generate_text_basic_stream_cache]

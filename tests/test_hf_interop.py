@@ -13,9 +13,10 @@ from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model
 from safetensors import safe_open
 
 from tests.tiny import tiny_config
-from utils import hf_interop
+from utils.download.standin import standin_state_dict
 from utils.generation import generate_text_basic_stream_cache
-from utils.hf_interop import (
+from utils.hf_interop import convert as hf_interop
+from utils.hf_interop.convert import (
     book_config_from_hf,
     book_to_hf_state_dict,
     download_official_qwen3,
@@ -23,7 +24,6 @@ from utils.hf_interop import (
     hf_to_book_state_dict,
     load_hf_checkpoint,
 )
-from utils.standin import standin_state_dict
 
 transformers = pytest.importorskip("transformers")
 
@@ -312,7 +312,7 @@ def test_export_with_tokenizer_loads_in_autotokenizer(tmp_path):
     pytest.importorskip("utils.qwen3_tokenizer")
     from tokenizers import Tokenizer
 
-    from utils.standin import write_standin_tokenizer
+    from utils.download.standin import write_standin_tokenizer
 
     tok_file = write_standin_tokenizer(tmp_path / "tokenizer-base.json")
     # The real vocabulary, everything else as small as it gets
@@ -445,7 +445,7 @@ def test_download_reads_hf_endpoint_at_call_time(tmp_path, monkeypatch):
 def official_folder(path, kind="base", seed=12, **save_kwargs):
     """What `save_pretrained` writes for a (tiny, random, bf16) Qwen3 plus the
     Qwen3 tokenizer.json, i.e. the layout of Qwen/Qwen3-0.6B(-Base)."""
-    from utils.standin import write_standin_tokenizer
+    from utils.download.standin import write_standin_tokenizer
 
     hf = random_hf_model(tied=True, seed=seed).to(torch.bfloat16)
     hf.config.eos_token_id = 151643 if kind == "base" else 151645
@@ -462,8 +462,8 @@ def test_import_qwen3_gives_verified_files_with_transformers_logits(
     from reasoning_from_scratch import qwen3
     from reasoning_from_scratch.qwen3 import Qwen3Tokenizer
 
-    from utils.download import download_qwen3_small
-    from utils.provenance import is_verified
+    from utils.download.fetch import download_qwen3_small
+    from utils.download.provenance import is_verified
 
     src = official_folder(tmp_path / "src", kind, max_shard_size="100KB")
     out = tmp_path / "qwen3"
@@ -507,7 +507,7 @@ def test_import_into_the_store_serves_every_notebook_folder(
 
     from reasoning_from_scratch import qwen3
 
-    from utils.download import download_qwen3_small
+    from utils.download.fetch import download_qwen3_small
 
     src = official_folder(tmp_path / "src", "base", max_shard_size="100KB")
     store = tmp_path / "store"
@@ -537,9 +537,9 @@ def test_import_into_the_store_serves_every_notebook_folder(
 def test_import_replaces_standins_and_refuses_wrong_folders(
     tmp_path, capsys, monkeypatch
 ):
-    from utils import provenance
-    from utils.provenance import is_standin, is_verified
-    from utils.standin import write_standin_weights
+    from utils.download import provenance
+    from utils.download.provenance import is_standin, is_verified
+    from utils.download.standin import write_standin_weights
 
     src = official_folder(tmp_path / "src", "reasoning")
     out = tmp_path / "qwen3"
@@ -573,8 +573,8 @@ def test_import_replaces_standins_and_refuses_wrong_folders(
 
 
 def test_import_that_fails_midway_leaves_the_old_files(tmp_path, monkeypatch):
-    from utils import provenance
-    from utils.provenance import is_verified
+    from utils.download import provenance
+    from utils.download.provenance import is_verified
 
     monkeypatch.setattr(provenance, "MODEL_CONFIG", TINY)  # content check: tiny
     src = official_folder(tmp_path / "src")
@@ -669,8 +669,8 @@ def test_a_failed_import_leaves_a_verified_pair_as_it_was(
 ):
     from reasoning_from_scratch import qwen3
 
-    from utils import provenance
-    from utils.provenance import is_verified
+    from utils.download import provenance
+    from utils.download.provenance import is_verified
 
     monkeypatch.setattr(provenance, "MODEL_CONFIG", TINY)  # content check: tiny
     out = tmp_path / "qwen3"
@@ -694,7 +694,7 @@ def test_a_failed_import_leaves_a_verified_pair_as_it_was(
 def test_a_failed_import_into_a_new_folder_leaves_it_as_it_was(
     tmp_path, monkeypatch, there
 ):
-    from utils import provenance
+    from utils.download import provenance
 
     monkeypatch.setattr(provenance, "MODEL_CONFIG", TINY)
     bad = _small_vocabulary(official_folder(tmp_path / "src"))
@@ -710,8 +710,9 @@ def test_a_failed_import_into_a_new_folder_leaves_it_as_it_was(
 
 
 def test_an_import_failing_while_placing_puts_the_old_files_back(tmp_path, monkeypatch):
-    from utils import provenance
-    from utils.provenance import is_verified
+    import utils.download  # the door the importer calls through
+    from utils.download import provenance
+    from utils.download.provenance import is_verified
 
     monkeypatch.setattr(provenance, "MODEL_CONFIG", TINY)
     out = tmp_path / "qwen3"
@@ -728,11 +729,11 @@ def test_an_import_failing_while_placing_puts_the_old_files_back(tmp_path, monke
             raise OSError("disk full")
         write_record(path, info)
 
-    monkeypatch.setattr(provenance, "write_record", failing_second_record)
+    monkeypatch.setattr(utils.download, "write_record", failing_second_record)
     with pytest.raises(OSError, match="disk full"):
         hf_interop.import_qwen3(official_folder(tmp_path / "src2", seed=99), "base",
                                 out, require_06b=False)  # fmt: skip
-    monkeypatch.setattr(provenance, "write_record", write_record)
+    monkeypatch.setattr(utils.download, "write_record", write_record)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert all(is_verified(p) for p in files)  # (checked again: renamed back)
 
@@ -778,7 +779,7 @@ KILLED_EXPORT = r"""
 import os, sys, time
 from pathlib import Path
 from tests.test_hf_interop import NO_IDS, TINY, tied_standin
-from utils import hf_interop
+from utils.hf_interop import convert as hf_interop
 
 def stuck_save(tensors, filename, metadata=None):
     Path(filename).write_bytes(b"half of the weights")

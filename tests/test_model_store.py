@@ -22,9 +22,12 @@ from tests.test_download import (
     flip_byte_keep_mtime,
     said,
 )
-from utils import download_sources, linksafe, model_store, provenance
-from utils.download import download_qwen3_small
-from utils.provenance import is_verified
+from utils import linksafe
+from utils.download import provenance
+from utils.download import sources as download_sources
+from utils.download import store as model_store
+from utils.download.fetch import download_qwen3_small
+from utils.download.provenance import is_verified
 
 # the loopback hosts, their files, the tiny content checks and a store of
 # this test's own (both autouse), stand-in mode with tiny weights
@@ -284,7 +287,8 @@ def test_without_a_folder_a_refusing_store_is_one_clear_error(
 def test_the_commands_default_finds_what_a_notebook_downloaded(
     hosts, payloads, tmp_path, store
 ):
-    from utils import benchmark, cli
+    from utils.benchmark import runner as benchmark
+    from utils.cli import commands as cli
 
     notebook = download_qwen3_small("base", out_dir=tmp_path / "nb" / "qwen3")
     made = requests_made(hosts)
@@ -310,7 +314,7 @@ def test_the_documented_benchmark_run_writes_nothing_into_the_repository():
     import shlex
 
     from tests.test_docs_commands import ROOT, _snippets
-    from utils import benchmark
+    from utils.benchmark import runner as benchmark
 
     runs = [
         line.split("python -m utils.benchmark", 1)[1]

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.test_benchmark import tiny_run
-from utils import benchmark, outputs
+from utils.benchmark import outputs
+from utils.benchmark import runner as benchmark
 from utils.errors import UsageError
 
 NO_SPACE = os.strerror(errno.ENOSPC)

@@ -149,7 +149,7 @@ def test_gitignore_keeps_weights_out():
 
 
 def test_gpu_check_script_is_valid_bash_and_uses_real_modes():
-    from utils.benchmark import ALL_MODES
+    from utils.benchmark.runner import ALL_MODES
 
     script = ROOT / "scripts" / "gpu_check.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)

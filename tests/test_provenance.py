@@ -15,12 +15,13 @@ import torch
 from tests.fake_hosts import fake_checkpoint, fake_tokenizer_json
 from tests.test_structure import find_cycle, graph
 from tests.tiny import tiny_config
-from utils import models, provenance, standin
-from utils.provenance import IntegrityError, check_checkpoint, check_tokenizer
+from utils import models
+from utils.download import provenance, standin
+from utils.download.provenance import IntegrityError, check_checkpoint, check_tokenizer
 
 TINY = tiny_config()
 ROOT = Path(__file__).resolve().parents[1]
-ROOM = {"utils.download", "utils.standin", "utils.provenance"}
+ROOM = {"utils.download.fetch", "utils.download.standin", "utils.download.provenance"}
 
 
 def reachable(edges: dict[str, set[str]], start: set[str]) -> set[str]:
@@ -39,22 +40,24 @@ def test_the_download_room_has_no_import_cycle():
     edges = {k: {m for m in v if m != "utils"} for k, v in graph().items()}
     room = reachable(edges, ROOM)
     assert find_cycle({k: edges[k] & room for k in room}) is None
-    assert "utils.download" not in reachable(edges, {"utils.standin"})
-    assert not reachable(edges, {"utils.provenance"}) & {
-        "utils.download",
-        "utils.standin",
+    assert "utils.download.fetch" not in reachable(edges, {"utils.download.standin"})
+    assert not reachable(edges, {"utils.download.provenance"}) & {
+        "utils.download.fetch",
+        "utils.download.standin",
     }
 
 
 def test_the_notebooks_names_keep_working():
-    from utils.download import download_qwen3_small  # noqa: F401
-    from utils.standin import print_standin_banner
+    from utils.download import (
+        download_qwen3_small,  # noqa: F401
+        print_standin_banner,
+    )
 
     assert print_standin_banner is provenance.print_standin_banner
 
 
 def test_importing_provenance_does_no_work():
-    code = "import sys, utils.provenance; print('torch' in sys.modules)"
+    code = "import sys, utils.download.provenance; print('torch' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True
     )

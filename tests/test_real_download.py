@@ -35,8 +35,8 @@ def real_model(monkeypatch_module):
     )
 
     from utils.device import get_device
-    from utils.download import download_qwen3_small
-    from utils.provenance import is_standin
+    from utils.download.fetch import download_qwen3_small
+    from utils.download.provenance import is_standin
 
     # conftest switches the stand-ins on for every test; this one needs the
     # real files

@@ -7,7 +7,7 @@ import torch
 from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model
 
 from tests.tiny import tiny_config
-from utils import provenance, standin
+from utils.download import provenance, standin
 
 TINY = tiny_config(
     vocab_size=300,
@@ -138,7 +138,7 @@ def test_the_banner_comes_with_weights_not_with_a_tokenizer(
 ):
     """The "gibberish" banner warns about random weights; a cell that loads
     only the (real, rebuilt) tokenizer shows no banner."""
-    from utils.download import download_qwen3_small
+    from utils.download.fetch import download_qwen3_small
 
     shown = []
     monkeypatch.setattr(standin, "print_standin_banner", lambda: shown.append(1))

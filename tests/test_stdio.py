@@ -17,7 +17,8 @@ from tests._view_fixtures import standin_env, standin_files, standin_root
 from tests.test_benchmark import tiny_run
 from tests.test_cli import DRIVER as CLI_DRIVER
 from tests.test_cli import tiny, tiny_cli  # noqa: F401 (fixtures)
-from utils import cli, stdio
+from utils import stdio
+from utils.cli import commands as cli
 from utils.stdio import InputEncodingError, check_input_file, decode_input
 
 REPO = Path(__file__).resolve().parents[1]
@@ -222,7 +223,7 @@ def test_chat_input_in_another_encoding_is_one_line_and_no_answer(
 
 BENCH_DRIVER = r"""
 import json, sys
-from utils import benchmark
+from utils.benchmark import runner as benchmark
 
 rows = json.load(open(sys.argv[1], encoding="utf-8"))
 benchmark.run_benchmark = lambda **kw: rows

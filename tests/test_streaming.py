@@ -171,7 +171,8 @@ def test_cli_and_panel_all_use_the_one_loop(tok, model, monkeypatch, capsys):
     """qwen3-generate, the chat, the widget panel and its plain fallback."""
     import argparse
 
-    from utils import cli, widgets
+    from utils import widgets
+    from utils.cli import commands as cli
 
     calls: list[str] = []
     real = streaming.stream_generation

@@ -1,5 +1,6 @@
-"""The layout holds: two rooms (the chapter's helpers in `utils/`, the fast
-engine in `utils/fast/`), no import cycles (imports inside functions count),
+"""The layout holds: the chapter's helpers directly in `utils/`, everything
+else in packages behind one door each (`download`, `benchmark`, `cli`,
+`hf_interop`, `fast`), no import cycles (imports inside functions count),
 one place that compiles the book's model, functions short enough to read."""
 
 from __future__ import annotations
@@ -219,46 +220,74 @@ def test_the_fast_engine_stays_in_proportion():
     assert sum(counts.values()) <= MAX_ENGINE_LINES, sum(counts.values())
 
 
+DOORS = (
+    "utils.download",
+    "utils.benchmark",
+    "utils.cli",
+    "utils.hf_interop",
+    "utils.fast",
+)
+TOP_LEVEL_LIMIT = 450  # lines of a module directly in utils/ (the chapter's)
+
+
 def exported(package: str) -> set[str]:
-    tree = ast.parse((UTILS / "fast" / "__init__.py").read_text(encoding="utf-8"))
+    path = UTILS.parent.joinpath(*package.split("."), "__init__.py")
+    tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in tree.body:
         if isinstance(node, ast.Assign) and node.targets[0].id == "__all__":
             return set(ast.literal_eval(node.value))
     raise AssertionError(f"{package} has no __all__")
 
 
-def imports_of_the_engine(path: Path) -> list[tuple[str, str]]:
-    """(module, name) of every `from utils.fast... import name` in a file."""
+def imports_into(path: Path, package: str) -> list[tuple[str, str]]:
+    """(module, name) of every import of `package` or its modules in a file."""
     found = []
+    inside = (package, package + ".")
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-            "utils.fast"
-        ):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(inside):
             found += [(node.module, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module == "utils":
+            found += [(f"utils.{a.name}", "") for a in node.names
+                      if f"utils.{a.name}" == package]  # fmt: skip
         elif isinstance(node, ast.Import):
-            found += [
-                (a.name, "") for a in node.names if a.name.startswith("utils.fast")
-            ]
+            found += [(a.name, "") for a in node.names if a.name.startswith(inside)]
     return found
 
 
-def test_outside_code_uses_only_the_engines_door():
-    """The chapter's helpers, the commands and the bonus scripts import only
-    what `utils.fast` exports (its registry, builders and probes); the
-    engine's modules are its own business (tests may look inside)."""
-    door = exported("utils.fast")
-    outside = [
-        *(p for p in UTILS.rglob("*.py") if ENGINE not in p.parents),
-        *(UTILS.parent / "ch02").rglob("*.py"),
-        *(UTILS.parent / "scripts").rglob("*.py"),
-    ]
-    wrong = [
-        f"{p.relative_to(UTILS.parent)}: {module} {name}"
-        for p in outside
-        for module, name in imports_of_the_engine(p)
-        if module != "utils.fast" or name not in door
-    ]
+def test_outside_code_uses_only_each_packages_door():
+    """The chapter's helpers, the other packages, the commands and the bonus
+    scripts import only what a package exports (`__all__` of its
+    `__init__.py`), or the package itself; its modules are its own business
+    (tests may look inside)."""
+    wrong = []
+    for package in DOORS:
+        door = exported(package)
+        folder = UTILS.parent.joinpath(*package.split("."))
+        outside = [
+            *(p for p in UTILS.rglob("*.py") if folder not in p.parents),
+            *(UTILS.parent / "ch02").rglob("*.py"),
+            *(UTILS.parent / "scripts").rglob("*.py"),
+        ]
+        wrong += [
+            f"{p.relative_to(UTILS.parent)}: {module} {name}"
+            for p in outside
+            for module, name in imports_into(p, package)
+            if module != package or (name and name not in door)
+        ]
     assert not wrong, wrong
+
+
+def test_the_top_level_is_the_chapter():
+    """Directly in utils/: short modules (the chapter's helpers and the small
+    shared ones); every other folder under utils/ is a package with a door."""
+    long = {
+        p.name: n for p in UTILS.glob("*.py") if (n := line_count(p)) > TOP_LEVEL_LIMIT
+    }
+    assert not long, long
+    folders = {
+        f"utils.{p.name}" for p in UTILS.iterdir() if (p / "__init__.py").exists()
+    }
+    assert folders == set(DOORS), folders
 
 
 def environment_reads(tree: ast.Module) -> set[str]:

@@ -19,8 +19,8 @@ from reasoning_from_scratch.qwen3 import Qwen3Tokenizer
 from tokenizers import Tokenizer
 
 from utils import qwen3_tokenizer as qt
-from utils.provenance import is_standin
-from utils.standin import CACHE_ENV, write_standin_tokenizer
+from utils.download.provenance import is_standin
+from utils.download.standin import CACHE_ENV, write_standin_tokenizer
 
 DESIGN_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"

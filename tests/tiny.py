@@ -35,7 +35,7 @@ PROMPT = torch.tensor([[1, 5, 7, 9, 11, 300]])
 def tiny_state_dict(seed: int = 0, cfg: dict[str, Any] | None = None) -> dict:
     """Random weights (std 0.1) for `cfg` (default: tiny, context 512) large
     enough that greedy text varies a lot, so token comparisons mean something."""
-    from utils.standin import standin_state_dict
+    from utils.download.standin import standin_state_dict
 
     cfg = cfg or tiny_config(context_length=512)
     gen = torch.Generator().manual_seed(seed)

@@ -75,7 +75,7 @@ def _pin(threads: int | None, default: int) -> None:
     import torch
 
     try:
-        from utils.threads import pin_step_threads
+        from utils.fast import pin_step_threads
     except ImportError:
         torch.set_num_threads(threads or default)
         return

@@ -38,7 +38,7 @@ def side_by_side(
     GB/s read, the median ratio of step speed to `torch.sum` speed over the
     same bytes (timed in turn within each round), and that ratio in thirds
     of the rounds by `torch.sum`'s speed, with the share one core reads."""
-    from utils.bandwidth import read_buffer, time_beside_sum, weight_bytes_per_token
+    from utils.benchmark import read_buffer, time_beside_sum, weight_bytes_per_token
     from utils.fast import prefill
 
     cpu = torch.device("cpu")

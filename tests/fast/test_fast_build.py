@@ -20,7 +20,7 @@ import torch
 
 import utils.fast.build as build
 from tests.tiny import PROMPT, fast_model, tiny_config, tiny_state_dict, tokens
-from utils import provenance
+from utils.download import provenance
 from utils.fast import generate, get_kernels
 from utils.fast.kernels import Kernels
 from utils.fileio import atomic_write_bytes

@@ -398,7 +398,7 @@ def _step_bandwidth_script():
 
 
 def test_step_bandwidth_script_times_each_step_next_to_a_sum():
-    from utils.bandwidth import weight_bytes_per_token
+    from utils.benchmark.bandwidth import weight_bytes_per_token
     from utils.fast import describe_step
 
     script = _step_bandwidth_script()

@@ -26,6 +26,7 @@ from tests.tiny import (
     tiny_state_dict,
     tokens,
 )
+from utils.download.standin import standin_state_dict, write_standin_weights
 from utils.fast import (
     CompiledStep,
     FastQwen3,
@@ -36,7 +37,6 @@ from utils.fast import (
 )
 from utils.fast.kernels import ATEN_AVX2, bf16_gemv_path
 from utils.fast.model import greedy_step
-from utils.standin import standin_state_dict, write_standin_weights
 
 TINY = tiny_config(context_length=512)
 X86_64 = platform.machine().lower() in ("x86_64", "amd64")

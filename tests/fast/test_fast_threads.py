@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import utils.fast.build as build
-import utils.threads as threads_module
+import utils.fast.threads as threads_module
 from tests.tiny import PROMPT, fast_model, tiny_config, tiny_state_dict
 from utils.fast import decode_one_token, prefill
-from utils.threads import ThreadChoice, pin_step_threads, thread_candidates
+from utils.fast.threads import ThreadChoice, pin_step_threads, thread_candidates
 
 BONUS = Path(__file__).resolve().parents[2] / "ch02" / "03_fast-decoding"
 needs_kernels = pytest.mark.skipif(

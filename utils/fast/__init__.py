@@ -24,6 +24,7 @@ from utils.fast.steps import (
     prefill,
     prefill_at,
 )
+from utils.fast.threads import pin_step_threads
 
 __all__ = [
     "PATHS",
@@ -45,6 +46,7 @@ __all__ = [
     "huge_pages_enabled",
     "kernel_table",
     "path_for",
+    "pin_step_threads",
     "prefill",
     "prefill_at",
     "quantize_int8",

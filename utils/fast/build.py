@@ -13,7 +13,7 @@ library is cached under a hash of the sources, compiler and flags, loaded
 only from a folder of the user's own that nobody else may write, under
 folders nobody else may write either (else another user could swap the
 folder between the check and the load), after its
-SHA-256 matches the record written at build time (`utils.provenance`). A
+SHA-256 matches the record written at build time (`utils.download.provenance`). A
 new build is renamed into place (a mapped library never changes); one
 with another ABI number is rebuilt. `get_library(testing=True)` adds
 `tests/fast/csrc/` with `-DQWEN3_TESTING` (hooks for the tests).
@@ -37,7 +37,8 @@ from pathlib import Path
 
 import torch
 
-from utils import linksafe, provenance, settings
+from utils import linksafe, settings
+from utils.download import hash_file, read_record, write_record
 from utils.errors import first_line
 from utils.log import get_logger
 
@@ -213,10 +214,8 @@ def verified(path: Path) -> bool:
     (always hashed: the file is small and is about to run)."""
     try:
         check_private_dir(path)
-        record = provenance.read_record(path)
-        return record is not None and (
-            record["sha256"] == provenance.hash_file(path)["sha256"]
-        )
+        record = read_record(path)
+        return record is not None and (record["sha256"] == hash_file(path)["sha256"])
     except (OSError, RuntimeError):
         return False
 
@@ -315,9 +314,9 @@ def _cached_or_fresh(
     fresh = _compile(compiler, flags, cache_dir, testing)
     try:
         library = load(fresh, testing)  # loaded before the rename: never replaced
-        digest = provenance.hash_file(fresh)["sha256"]
+        digest = hash_file(fresh)["sha256"]
         os.replace(fresh, target)
-        provenance.write_record(target, {"sha256": digest, "source": compiler})
+        write_record(target, {"sha256": digest, "source": compiler})
     finally:
         fresh.unlink(missing_ok=True)
     return Library(library.lib, target, library.openmp, library.layout)

@@ -30,7 +30,7 @@ from utils.fast.dispatch import choose
 from utils.fast.hugepages import move_weights_to_huge_pages
 from utils.fast.kernels import get_kernels
 from utils.fast.model import greedy_step
-from utils.threads import ThreadChoice, pinned_threads
+from utils.fast.threads import ThreadChoice, pinned_threads
 
 # Each layer's linear layers by the letter X of their slots WX (weight)
 # and SX (int8 scales); the groups share one input: one grouped call in C

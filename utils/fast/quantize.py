@@ -78,7 +78,7 @@ class Int8Embedding(nn.Module):
     """Token embedding read from an int8 table with one float32 scale per
     row (tied weights: the output layer's int8 table)."""
 
-    is_embedding = True  # one row read per token (see utils.bandwidth)
+    is_embedding = True  # one row read per token (see utils.benchmark.bandwidth)
 
     def __init__(self, weight_int8: Tensor, scales: Tensor, dtype: torch.dtype) -> None:
         super().__init__()

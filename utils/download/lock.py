@@ -29,7 +29,7 @@ from utils.log import get_logger
 
 __all__ = ["HolderStuckError", "held", "lock_path", "patience"]
 
-log = get_logger(__name__)
+log = get_logger("utils.download")  # one name for the package's lines
 
 PATIENCE = 60.0  # seconds without a sign of life of the holder before giving up
 BEAT = 1.0  # seconds between the holder's signs of life

@@ -1,6 +1,6 @@
 """Get the book's Qwen3 0.6B files: tokenizer JSON and `.pth` weights.
 
-`download_qwen3_small` tries two sources, file by file (`utils.download_sources`):
+`download_qwen3_small` tries two sources, file by file (`utils.download.sources`):
 the Hugging Face repo `rasbt/qwen3-from-scratch` through `huggingface_hub`
 (`HF_ENDPOINT`, `HF_HUB_DISABLE_XET` and `QWEN3_DOWNLOAD_TIMEOUT` are applied
 at call time, so a mirror set in a running notebook works), then the book's
@@ -9,25 +9,25 @@ backup mirror on Backblaze B2, resuming an interrupted download from
 
 A file only appears under its final name once it is complete, matches the
 size and hash its source announced (where it announces one) and passes the
-content checks of `utils.provenance`, which also writes the verification
+content checks of `utils.download.provenance`, which also writes the verification
 record that lets later calls skip the network. Then its leftovers (`.part`,
 staging folder) go; a link planted under one of those names is removed,
 never written through (`utils.linksafe`).
 
-Every wait is bounded (`utils.http_watch`): `QWEN3_DOWNLOAD_TIMEOUT` seconds
+Every wait is bounded (`utils.download.watch`): `QWEN3_DOWNLOAD_TIMEOUT` seconds
 of silence fail a try (default 10, from 1 to 3600); retries back off and end
 after a few tries without new bytes; a source that sends too little for too
 long (slow-loris) is dropped for the next one; a rate limit asking to wait
 longer than a minute in all ends the source with a line that says when to
 try again.
 
-A lock file per file (`.<name>.lock`, `utils.download_lock`) lets two
+A lock file per file (`.<name>.lock`, `utils.download.lock`) lets two
 processes share one folder; a waiter gives up, naming the holder, when the
 holder makes no progress. A failed download leaves nothing a later run
 cannot use (no empty folder, no lock file; a partial file only where a later
 run can resume it and the disk did not refuse it). With `QWEN3_STANDIN=1`
 no request is made: offline stand-ins are provided in a separate folder
-(see `utils.standin`), never in `out_dir`.
+(see `utils.download.standin`), never in `out_dir`.
 Progress and diagnostics go to stderr through `utils.log`.
 """
 
@@ -41,18 +41,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from utils import download_lock, linksafe, model_store, provenance, settings, standin
-from utils.download_errors import describe_error, disk_reason, hints
-from utils.download_sources import (
+import utils.download.lock as download_lock
+import utils.download.provenance as provenance
+import utils.download.standin as standin
+import utils.download.store as model_store
+from utils import linksafe, settings
+from utils.download.errors import describe_error, disk_reason, hints
+from utils.download.provenance import IntegrityError, is_verified
+from utils.download.sources import (
     REPO_ID,
     from_backup,
     from_hub,
     staging_path,
 )
+from utils.download.watch import size_str
 from utils.fileio import temp_name_pattern
-from utils.http_watch import size_str
 from utils.log import get_logger
-from utils.provenance import IntegrityError, is_verified
 
 __all__ = [
     "BACKUP_URL",
@@ -68,7 +72,7 @@ __all__ = [
     "local_files",
 ]
 
-log = get_logger(__name__)
+log = get_logger("utils.download")  # one name for the package's lines
 
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 BACKUP_URL = "https://f001.backblazeb2.com/file/reasoning-from-scratch/qwen3-0.6B"
@@ -173,7 +177,7 @@ def download_qwen3_small(
 
     kind: "base" or "reasoning". Files in `out_dir` with a valid verification
     record are used without any network request. Otherwise they come from
-    the per-user model store (`utils.model_store`: `QWEN3_MODEL_STORE`,
+    the per-user model store (`utils.download.store`: `QWEN3_MODEL_STORE`,
     default `~/.cache/qwen3-ch02/models`), as a hard link where the file
     system allows it, else a checked copy; no request is made when the
     store holds a verified copy. What the store lacks is downloaded into it
@@ -186,7 +190,7 @@ def download_qwen3_small(
     paths (what the commands use by default).
 
     With `QWEN3_STANDIN=1`, offline stand-ins are provided in
-    `utils.standin.standin_files_dir()` instead (no network, neither
+    `utils.download.standin.standin_files_dir()` instead (no network, neither
     `out_dir` nor the store is touched, `standin=True`). Raises
     `DownloadError` if all sources fail, `NotAFolderError` if `out_dir` is a
     file, `UntrustedFolderError` if another user could change it,
@@ -323,7 +327,7 @@ def _remove_leftovers(dest: Path) -> None:
 
 
 def _exclusive(folder: Path, name: str) -> contextlib.AbstractContextManager:
-    """Hold the lock of `folder/name` (`utils.download_lock`): a wait that
+    """Hold the lock of `folder/name` (`utils.download.lock`): a wait that
     ends when the holder's working files stop changing."""
     return download_lock.held(folder, name, lambda: _activity(folder / name))
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from utils.http_watch import SourceGaveUp, retry_after, wait_text
-from utils.provenance import IntegrityError
+from utils.download.provenance import IntegrityError
+from utils.download.watch import SourceGaveUp, retry_after, wait_text
 
 __all__ = ["describe_error", "disk_reason", "hints"]
 

@@ -127,7 +127,7 @@ def _set_threads(threads: int | None) -> None:
     `threads` (None: torch's choice, and the native step picks how many of
     those it runs on step by step, `utils.fast.native.ThreadChoice`)."""
     if threads is not None:
-        from utils.threads import pin_step_threads
+        from utils.fast import pin_step_threads
 
         pin_step_threads(threads)
 
@@ -199,11 +199,10 @@ def _files(args: argparse.Namespace, kind: str) -> tuple[Path, Path, bool]:
 def _files_where(args: argparse.Namespace, kind: str) -> str:
     """What failed, naming the folder the files were to go to: the stand-in
     folder in stand-in mode, else the store or --out-dir."""
-    from utils import standin
-    from utils.model_store import store_dir
+    from utils.download import standin_enabled, standin_files_dir, store_dir
 
-    if standin.standin_enabled():
-        folder = standin.standin_files_dir()
+    if standin_enabled():
+        folder = standin_files_dir()
         return f"could not make the {kind} stand-in files in {folder}/"
     folder = store_dir() if args.out_dir is None else args.out_dir
     store = "the store " if args.out_dir is None else ""
@@ -688,7 +687,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     return commands[argv[0]](argv[1:])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from utils.outputs import plot_format, write_output
+from utils.benchmark.outputs import plot_format, write_output
 
 NOISY = 0.20  # a spread (± half the range of the timed runs) above this is flagged
 WIDTH = 80  # the short table and its caption fit a terminal this wide
@@ -345,7 +345,7 @@ def describe_bandwidth(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def write_json(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
     """Write the rows as a JSON list (a regular file atomically, a device or
-    FIFO such as /dev/stdout through; `utils.outputs.write_output`)."""
+    FIFO such as /dev/stdout through; `utils.benchmark.outputs.write_output`)."""
     text = json.dumps(list(rows), indent=2) + "\n"
     return write_output(path, text.encode("utf-8"), "--json")
 

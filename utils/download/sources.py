@@ -9,7 +9,7 @@ file is checked and installed.
    `requests`, resuming an interrupted download from `<name>.part` with
    HTTP Range, checked against the sha1 B2 announces.
 
-Either way the content checks of `utils.provenance` run before a file gets
+Either way the content checks of `utils.download.provenance` run before a file gets
 its final name and its verification record (`install`). Working files are
 opened and cleaned up through `utils.linksafe`: never through a link.
 """
@@ -23,9 +23,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from utils import linksafe, provenance, settings
-from utils.fileio import atomic_move
-from utils.http_watch import (
+import utils.download.provenance as provenance
+from utils import linksafe, settings
+from utils.download.provenance import IntegrityError
+from utils.download.watch import (
     SourceGaveUp,
     StallWatch,
     body,
@@ -36,12 +37,12 @@ from utils.http_watch import (
     wait_text,
     watched_session,
 )
+from utils.fileio import atomic_move
 from utils.log import get_logger
-from utils.provenance import IntegrityError
 
 __all__ = ["REPO_ID", "from_backup", "from_hub", "install", "staging_path"]
 
-log = get_logger(__name__)
+log = get_logger("utils.download")  # one name for the package's lines
 
 REPO_ID = "rasbt/qwen3-from-scratch"
 _HUB_CHUNK = 1 << 16  # the Hub client's read size (its own: 10 MB)

@@ -46,10 +46,17 @@ MARK_KEY = "qwen3_standin"  # key in a stand-in checkpoint's `_metadata`
 # What the content checks expect. None: the book's QWEN_CONFIG_06_B (tests
 # put a tiny config here).
 MODEL_CONFIG: Mapping[str, Any] | None = None
+
+
+def model_config() -> Mapping[str, Any] | None:
+    """The config the content checks expect now (None: the book's)."""
+    return MODEL_CONFIG
+
+
 TOKENIZER_VOCAB = NUM_BPE_TOKENS  # BPE vocabulary; the added tokens follow it
 ADDED_TOKENS = SPECIAL_TOKENS + NON_SPECIAL_ADDED_TOKENS  # ids 151643 onwards
 
-log = get_logger(__name__)
+log = get_logger("utils.download")  # one name for the package's lines
 
 BANNER = (
     "*** STAND-IN WEIGHTS: random Qwen3-0.6B-shaped weights, not the real "
@@ -322,7 +329,7 @@ def is_verified(path: str | os.PathLike) -> bool:
 
 def _linked_to_verified(path: Path, record: Mapping[str, Any]) -> bool:
     """Whether `path` is a hard link to the stored file its record names
-    (key "store", see `utils.model_store`) and that file is verified with
+    (key "store", see `utils.download.store`) and that file is verified with
     the same sha256. A link made for another folder moves the change time
     the two names share, which is no change to the bytes; a write through
     either name fails the stored file's own check."""

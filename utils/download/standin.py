@@ -14,7 +14,7 @@ Stand-ins never live where real downloads do: they go to
 cache), whatever `out_dir` the download was given, and no function here
 replaces a verified real download. Every stand-in file gets a sidecar
 `<file>.STANDIN.json`; the weights also carry the mark inside the checkpoint
-(both defined in `utils.provenance`, which recognises them). Builds are
+(both defined in `utils.download.provenance`, which recognises them). Builds are
 cached under `standin_cache_dir()`; later calls only link the cached file
 into place.
 """
@@ -27,10 +27,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from utils import linksafe, provenance, settings
+import utils.download.provenance as provenance
+from utils import linksafe, settings
+from utils.download.provenance import print_standin_banner
 from utils.fileio import atomic_output, atomic_place, atomic_write_bytes
 from utils.log import get_logger
-from utils.provenance import print_standin_banner
 
 if TYPE_CHECKING:
     import torch
@@ -55,7 +56,7 @@ DIR_ENV = "QWEN3_STANDIN_DIR"
 FORMAT_VERSION = 2
 SEEDS = {"base": 20250601, "reasoning": 20250602}
 
-log = get_logger(__name__)
+log = get_logger("utils.download")  # one name for the package's lines
 
 
 class StandinFolderError(OSError, ValueError):

@@ -27,7 +27,7 @@ run (strict, comparable across rows), and against `torch.sum` over the same
 bytes timed right after each token of one more generation (the same moment:
 a shared machine's memory can change speed within a second, so a median over
 seconds is not comparable with a probe's best 30 ms). The row fields are
-listed in `utils.benchmark_report.ROW_FIELDS`; the README explains them.
+listed in `utils.benchmark.report.ROW_FIELDS`; the README explains them.
 
 Progress goes to stderr: "mode 3 of 6" with an estimate of the time left.
 Ctrl-C ends the run with `BenchmarkInterrupted`, which carries the rows of
@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from utils.benchmark_modes import (
+from utils.benchmark.modes import (
     LOG_NAME,
     PREPARE,
     ModeSkipped,
@@ -62,7 +62,8 @@ from utils.benchmark_modes import (
     shared_weight_bytes,
     time_stream,
 )
-from utils.benchmark_report import (
+from utils.benchmark.outputs import check_output_path, plot_format
+from utils.benchmark.report import (
     NOISY,
     describe_bandwidth,
     describe_choice,
@@ -84,7 +85,6 @@ from utils.errors import (
     utf8_text,
 )
 from utils.log import get_logger
-from utils.outputs import check_output_path, plot_format
 from utils.stdio import utf8_streams
 
 
@@ -406,7 +406,7 @@ class _Run:
     ) -> list[dict[str, Any]]:
         """The rows of `modes`, with their shares and ratios; Ctrl-C raises
         `BenchmarkInterrupted` with the rows of the modes that finished."""
-        from utils.bandwidth import measure_read_bandwidth
+        from utils.benchmark.bandwidth import measure_read_bandwidth
 
         start = time.perf_counter()
         first = before = measure_read_bandwidth(self.dev, probe_bytes)
@@ -448,7 +448,7 @@ class _Run:
 
     def mode(self, mode: Mode) -> dict[str, Any] | None:
         """One row for `mode`, or None (after one line) if it is skipped."""
-        from utils.bandwidth import paired_share
+        from utils.benchmark.bandwidth import paired_share
         from utils.fast import describe_step
 
         if mode.compiled:
@@ -523,7 +523,7 @@ def _add_memory(row: dict[str, Any], model, book, mem: PeakMemory) -> None:
         "Memory the mode uses: loaded weights it reads in place + peak "
         f"growth ({mem.kind}), at least its own tensors"
     )
-    from utils.bandwidth import weight_bytes_per_token
+    from utils.benchmark.bandwidth import weight_bytes_per_token
 
     row["weight_bytes_per_token"] = weight_bytes_per_token(model)
     row["weight_read_gbps"] = (
@@ -719,7 +719,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         modes = _check_cli(args)
         if args.threads is not None:  # torch's and the native step's
-            from utils.threads import pin_step_threads
+            from utils.fast import pin_step_threads
 
             pin_step_threads(args.threads)
         rows = run_benchmark(
@@ -775,7 +775,7 @@ def _report(rows: list[dict[str, Any]], args) -> None:
         plot_results(rows, args.plot)
         log.info(f"wrote {args.plot}")
     if rows[0].get("standin"):
-        from utils.standin import print_standin_banner
+        from utils.download import print_standin_banner
 
         with contextlib.redirect_stdout(sys.stderr):
             print_standin_banner()
@@ -786,7 +786,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad arguments or unusable files, never a traceback)."""
     utf8_streams()  # output in UTF-8 to files and pipes (utils.stdio)
     return run_command(PROG, lambda: _main(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

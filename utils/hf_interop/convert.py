@@ -1,7 +1,7 @@
 """Move Qwen3 weights between the book's `Qwen3Model` and Hugging Face.
 
 The tensors are identical; only the names differ (`tok_emb` is
-`model.embed_tokens`, ...), so converting is a renaming: `utils.hf_mapping`
+`model.embed_tokens`, ...), so converting is a renaming: `utils.hf_interop.mapping`
 holds the names and configs (re-exported here). This module works with the
 files:
 
@@ -32,7 +32,7 @@ from safetensors.torch import save_file
 
 from utils.errors import CommandParser, UsageError, first_line, run_command
 from utils.fileio import atomic_folder, atomic_move, refuse_link
-from utils.hf_mapping import (
+from utils.hf_interop.mapping import (
     TyingError,
     book_config_from_hf,
     book_key_to_hf,
@@ -384,7 +384,7 @@ def _check_kind(hf_config: Mapping[str, Any], kind: str, folder: Path) -> None:
 def _check_tokenizer(path: Path) -> None:
     """The content check the book's tokenizer files pass (Qwen3's vocabulary
     and added tokens at their ids), in a message that names `path`."""
-    from utils.provenance import IntegrityError, check_tokenizer
+    from utils.download import IntegrityError, check_tokenizer
 
     if not path.is_file():
         raise FileNotFoundError(
@@ -403,10 +403,10 @@ def _check_tokenizer(path: Path) -> None:
 
 def _check_weights(sd: Mapping[str, torch.Tensor], folder: Path) -> None:
     """The content check the book's weights file must pass, before writing."""
-    from utils import provenance
+    from utils.download import model_config
     from utils.models import shape_problems, summarize_problems
 
-    problems = shape_problems(sd, provenance.MODEL_CONFIG)
+    problems = shape_problems(sd, model_config())
     if problems:
         raise ValueError(
             f"the weights in {folder} are not the book's model "
@@ -434,9 +434,9 @@ def import_qwen3(
     place with their records. A failure leaves `out_dir` as it was (not
     there, if it was not). Returns `utils.download.Qwen3Files`.
     """
-    from utils import download
+    from utils.download import Qwen3Files, file_names
 
-    tok_name, model_name = download.file_names(kind)
+    tok_name, model_name = file_names(kind)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out-dir {out} is a file, not a folder; name a folder.")
@@ -451,9 +451,7 @@ def import_qwen3(
             for name in (model_name, tok_name)
         }
         _put_in_place(stage, out, records)
-    return download.Qwen3Files(
-        tokenizer=out / tok_name, model=out / model_name, standin=False
-    )
+    return Qwen3Files(tokenizer=out / tok_name, model=out / model_name, standin=False)
 
 
 @contextlib.contextmanager
@@ -478,10 +476,10 @@ def _staging(out: Path) -> Iterator[Path]:
 def _staged_record(path: Path, source: str) -> dict[str, str]:
     """Check a staged file's content as the book's file of its name; its
     verification record (written once it is in place)."""
-    from utils import provenance
+    from utils.download import check_content, hash_file
 
-    content = provenance.check_content(path)
-    sha256 = provenance.hash_file(path)["sha256"]
+    content = check_content(path)
+    sha256 = hash_file(path)["sha256"]
     return {"sha256": sha256, "checked": _IMPORT_CHECK, "source": source,
             "content": content}  # fmt: skip
 
@@ -490,7 +488,7 @@ def _put_in_place(stage: Path, out: Path, records: Mapping[str, Any]) -> None:
     """Move the staged files into `out` and record them as verified. What
     they replace (the old file, its record, a stand-in mark) is moved into
     the stage first, and back if anything fails."""
-    from utils.provenance import record_path, sidecar_path, write_record
+    from utils.download import record_path, sidecar_path, write_record
 
     aside = stage / "replaced"
     aside.mkdir()
@@ -598,7 +596,7 @@ def build_parser() -> CommandParser:
 
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    from utils.model_store import store_dir
+    from utils.download import store_dir
 
     try:
         files = import_qwen3(
@@ -616,7 +614,3 @@ def main(argv: list[str] | None = None) -> int:
     exit status 2 after one line for a bad folder or option."""
     utf8_streams()  # output in UTF-8 to files and pipes (utils.stdio)
     return run_command(PROG, lambda: _main(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -23,8 +23,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from utils import linksafe, provenance, settings
-from utils.provenance import IntegrityError
+import utils.download.provenance as provenance
+from utils import linksafe, settings
+from utils.download.provenance import IntegrityError
 
 __all__ = ["STORE_ENV", "StoreUnusableError", "place", "store_dir"]
 

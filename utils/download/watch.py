@@ -20,8 +20,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from utils.download.provenance import IntegrityError
 from utils.log import get_logger
-from utils.provenance import IntegrityError
 
 __all__ = [
     "MAX_RESTARTS",
@@ -37,7 +37,7 @@ __all__ = [
     "watched_session",
 ]
 
-log = get_logger(__name__)
+log = get_logger("utils.download")  # one name for the package's lines
 
 CHUNK = 1 << 16  # small reads: a dropped connection loses at most this much
 MAX_RESTARTS = 3  # restarts from byte 0 (server ignores Range) end a source
