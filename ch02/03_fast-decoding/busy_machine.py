@@ -219,10 +219,10 @@ def _parser():
         description="Decoding speed with N busy processes of its own running.",
     )
     p.add_argument(
-        "--busy", type=int, default=1, help="busy processes to start (default 1)"
+        "--busy", type=int, default=1, help="busy processes to start"
     )
     p.add_argument("--max-new-tokens", type=int, default=40, help="tokens per timing")
-    p.add_argument("--rounds", type=int, default=2, help="rounds (default 2)")
+    p.add_argument("--rounds", type=int, default=2, help="rounds")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated modes")
     p.add_argument("--threads", default=None, help="settings to time, e.g. "
                    "default,1,2 (default: default, 1 and the core count)")  # fmt: skip
