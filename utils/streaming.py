@@ -187,14 +187,6 @@ class StreamResult:
         return len(self.token_ids) / self.elapsed_s
 
 
-def _model_device(streamer: Any) -> torch.device:
-    model = getattr(streamer, "model", None)
-    if model is not None:
-        for param in model.parameters():
-            return param.device
-    return torch.device("cpu")
-
-
 def stream_generation(
     streamer: Any,
     tokenizer: Any,
@@ -222,11 +214,12 @@ def stream_generation(
     Invalid inputs, and a prompt whose attention would not fit in memory,
     raise ValueError before anything is generated.
     """
-    from utils.device import reset_peak_memory, synchronize
+    from utils.device import model_device, reset_peak_memory, synchronize
 
     if stats not in (None, "print", "quiet"):
         raise ValueError(f"stats must be None, 'print' or 'quiet', got {stats!r}")
-    device = device if device is not None else _model_device(streamer)
+    if device is None:
+        device = model_device(getattr(streamer, "model", None))
     ids = _checked_prompt(streamer, prompt_ids, max_new_tokens, device, cache or fast)
     result = StreamResult()
     reset_peak_memory(device)
