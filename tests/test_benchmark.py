@@ -161,19 +161,19 @@ def _table_rows(text: str) -> list[list[str]]:
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("mode "))
     cells = [re.split(r"\s{2,}", line.strip()) for line in lines[start + 1 :]]
-    return [c for c in cells if c[0] in benchmark.ALL_MODES]
+    return [c for c in cells if c[0] in benchmark.mode_names()]
 
 
 def test_default_modes_leave_out_the_slow_and_the_compiled_ones_on_cpu(capsys):
     cpu = benchmark.default_modes(torch.device("cpu"))
     assert "regular" not in cpu and "regular_compiled" not in cpu
     assert {"kv_cache", "optimized", "fast", "fast_native", "hf_static"} <= set(cpu)
-    compiled = [m.name for m in benchmark.MODES if m.compiled]
+    compiled = [m.name for m in benchmark.all_modes() if m.compiled]
     assert len(compiled) >= 5 and not set(compiled) & set(cpu)
     gpu = benchmark.default_modes(torch.device("cuda"))
     assert "regular" in gpu and "fast_int8" not in gpu
     assert {"kv_cache_compiled", "fast_compiled"} <= set(gpu)
-    assert benchmark._check_modes(["all"]) == list(benchmark.ALL_MODES)
+    assert benchmark._check_modes(["all"]) == list(benchmark.mode_names())
     # the run says what it left out and how to ask for it
     assert benchmark._modes_for(torch.device("cpu"), None, quiet=False) == cpu
     err = capsys.readouterr().err
@@ -505,7 +505,7 @@ def test_help_explains_every_option_and_the_offline_mode():
     assert "(default: 100)" in text and "(default: bfloat16)" in text
     assert "QWEN3_STANDIN=1" in " ".join(text.split())
     # every mode name appears whole (the list wraps only between names)
-    for mode in benchmark.ALL_MODES:
+    for mode in benchmark.mode_names():
         assert mode in text.replace("\n", " "), mode
 
 
@@ -549,7 +549,7 @@ def test_the_fast_modes_are_the_registrys_paths():
     from utils.fast import PATHS
 
     for path in PATHS:
-        mode = benchmark.MODE_BY_NAME[path.name]
+        mode = benchmark.get_mode(path.name)
         assert mode.family == "fast" and mode.note == path.summary
         assert mode.int8 == path.int8 and mode.by_default == path.in_default_run
     cpu = benchmark.default_modes(torch.device("cpu"))
@@ -737,11 +737,11 @@ def _wide_row(mode: str, **fields) -> dict:
 
 
 def test_the_table_fits_80_columns_at_its_widest():
-    rows = [_wide_row(m) for m in benchmark.ALL_MODES]
+    rows = [_wide_row(m) for m in benchmark.mode_names()]
     text = benchmark.format_table(rows)
     assert [line for line in text.splitlines() if len(line) > 80] == []
     cells = _table_rows(text)
-    assert [c[0] for c in cells] == list(benchmark.ALL_MODES)
+    assert [c[0] for c in cells] == list(benchmark.mode_names())
     assert all(len(c) == 6 for c in cells), cells
     assert cells[0][2] == "123 s (123k tok/s)"
     assert "STAND-IN weights" in " ".join(text.split("\nmode ")[0].split())

@@ -123,7 +123,7 @@ def test_clear_frees_the_cache(tok):
         session = cli.ChatSession(tok, streamer, torch.device("cpu"), 256, 4, fast=fast)
         converse(session, MESSAGES[:2])
         if fast:
-            fast_model = next(iter(streamer._fast.values()))
+            fast_model = next(iter(streamer._built.values()))
             held = weakref.ref(fast_model.trf_blocks[0].att.k_cache)
         else:
             held = weakref.ref(session.kept._book_cache.get(0)[0])
@@ -162,7 +162,7 @@ def test_a_turn_cut_short_claims_only_what_went_through(tok, fast):
     assert kept.ids == prompt + answer[:2]
     layer = model.trf_blocks[1]
     if fast:
-        layer = next(iter(streamer._fast.values())).trf_blocks[1]
+        layer = next(iter(streamer._built.values())).trf_blocks[1]
 
     def interrupt(module, args):
         raise KeyboardInterrupt
@@ -229,7 +229,7 @@ def test_the_fast_cache_grows_between_turns_not_before_an_answer(tok):
     session = cli.ChatSession(tok, streamer, torch.device("cpu"), 1024, 8, fast=True)
 
     def cache():
-        return next(iter(streamer._fast.values())).trf_blocks[0].att.k_cache
+        return next(iter(streamer._built.values())).trf_blocks[0].att.k_cache
 
     before, during = None, []
     for i, text in enumerate(MESSAGES[:3]):

@@ -6,7 +6,10 @@ Directly in utils/, the chapter's helpers (what the notebooks import):
     device, models, generation, compile, streaming, chat_cache, token_view,
     widgets, plotting, qwen3_tokenizer; and the small shared ones: settings,
     log, errors, fileio, linksafe, stdio. They never import utils.fast at
-    module level.
+    module level. The ways to generate have one registry,
+    streaming.generation_paths(): the book's (generation.BOOK_PATHS), then
+    the fast decoder's (fast.PATHS); the benchmark, the commands and the
+    panel ask it.
 
 Packages, each used through its door (its __init__.py):
     download     download_qwen3_small(), the model store, content checks and

@@ -186,6 +186,15 @@ def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
     return process_memory_bytes()[1], "Peak process memory (RSS)"
 
 
+def model_device(model: torch.nn.Module | None) -> torch.device:
+    """The device `model`'s weights are on (its first parameter's); the CPU
+    for a model without parameters, or for None."""
+    if model is not None:
+        for param in model.parameters():
+            return param.device
+    return torch.device("cpu")
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued work on CUDA/XPU/MPS (no-op on CPU), before timing."""
     backend = _accelerator_backend(device)

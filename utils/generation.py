@@ -3,14 +3,17 @@
 The two generators stream one token at a time so a notebook can print text as
 it appears. They pick the most likely next token (argmax) and stop early when
 the model produces the end-of-sequence token. `generate_stats` reports speed
-and memory the way the book's Table 2.1 does.
+and memory the way the book's Table 2.1 does. `BOOK_PATHS` names the book's
+four ways to generate (with or without the KV cache, compiled or not) as
+entries of the project's one registry (`utils.streaming.generation_paths`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from reasoning_from_scratch.qwen3 import KVCache
@@ -188,3 +191,70 @@ def generate_stats(
         print("\n\n" + "\n".join(stats_lines(stats)))
     reset_peak_memory(device)
     return stats
+
+
+# ---------------------------------------------------------------------------
+# The book's ways to generate: entries of the one registry, beside the fast
+# decoder's (utils.streaming.generation_paths; utils.fast.PATHS)
+# ---------------------------------------------------------------------------
+
+
+def _as_loaded(book_model: torch.nn.Module, adopt: bool = False) -> torch.nn.Module:
+    return book_model
+
+
+def _book_compiled(book_model: torch.nn.Module, adopt: bool = False) -> Any:
+    from utils.compile import book_compile
+
+    return book_compile(book_model)
+
+
+@dataclass(frozen=True)
+class BookPath:
+    """One of the book's ways to generate: its generator with or without the
+    KV cache (`needs` "cache"), on the model as loaded or compiled the
+    book's way (`needs` "compile"). The same kind of entry as the fast
+    decoder's `utils.fast.DecodePath`: `name`, `summary`, `needs`,
+    `unavailable`, `build` and `stream`."""
+
+    name: str
+    summary: str
+    needs: frozenset[str] = frozenset()
+    family: ClassVar[str] = "book"
+    int8: ClassVar[bool] = False
+    in_default_run: ClassVar[bool] = True  # run by the benchmark when none named
+
+    def unavailable(self, device: torch.device | str) -> str | None:
+        """Why this path cannot run on `device` (never: the book's code runs
+        on every device)."""
+        return None
+
+    @property
+    def build(self) -> Callable[..., Any]:
+        """`build(book_model, adopt=False)`: the model to stream from. The
+        compiled paths share one builder, so a caller that keeps what each
+        builder made compiles once for both."""
+        return _book_compiled if "compile" in self.needs else _as_loaded
+
+    def stream(
+        self,
+        model: torch.nn.Module,
+        token_ids: torch.Tensor,
+        max_new_tokens: int,
+        eos_token_id: int | None = None,
+    ) -> Iterator[torch.Tensor]:
+        """The book's generator on `model` (built by `build`)."""
+        generator = generate_text_basic_stream
+        if "cache" in self.needs:
+            generator = generate_text_basic_stream_cache
+        return generator(model, token_ids, max_new_tokens, eos_token_id)
+
+
+BOOK_PATHS: tuple[BookPath, ...] = (
+    BookPath("regular", "book, no cache"),
+    BookPath("regular_compiled", "book, no cache, torch.compile",
+             frozenset({"compile"})),
+    BookPath("kv_cache", "book KVCache", frozenset({"cache"})),
+    BookPath("kv_cache_compiled", "book KVCache, torch.compile",
+             frozenset({"cache", "compile"})),
+)  # fmt: skip

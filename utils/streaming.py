@@ -2,7 +2,8 @@
 (`qwen3-generate`, `qwen3-chat`) and the notebook generation panel.
 
 `stream_generation` encodes nothing itself: it takes prompt ids, streams new
-token ids from a `GreedyStreamer` (book generators, `torch.compile`, or the
+token ids from a `GreedyStreamer` (a way to generate from the one registry,
+`generation_paths`: the book's generators, compiled or not, or a
 `utils.fast` path), turns them into text with `Utf8StreamDecoder` and
 hands each finished piece to a `write` callback. It times the run with the
 monotonic `time.perf_counter`, waiting for an asynchronous device (CUDA, XPU,
@@ -66,22 +67,77 @@ def decode_bytes(tokenizer: Any, token_ids: Sequence[int]) -> str:
 
 
 # --------------------------------------------------------------------------
-# Token ids from the chosen decode path
+# The one registry of ways to generate, and token ids from the chosen one
 # --------------------------------------------------------------------------
 
 
-class GreedyStreamer:
-    """Streams greedy token ids from one model with the chosen decode path.
+def generation_paths() -> tuple[Any, ...]:
+    """Every way to generate, in the benchmark's order: the book's
+    (`utils.generation.BOOK_PATHS`: no cache or its KV cache, compiled or
+    not), then the fast decoder's (`utils.fast.PATHS`, imported on this
+    first ask). Each has a `name`, a `summary`, `needs` ("cache",
+    "compile", "native", "cpu"), `family` ("book" or "fast"), `int8`,
+    `in_default_run`, `unavailable(device)`, `build(book_model,
+    adopt=False)` and `stream(model, token_ids, max_new_tokens,
+    eos_token_id)`. The benchmark's modes, the commands' switches and the
+    panel's streamer all come here: a new way is one entry in one of the
+    two tables."""
+    from utils import generation
+    from utils.fast import PATHS
 
-    Paths are built on first use and kept: `compile` compiles the book's
-    model the book's way (`utils.compile.book_compile`: minutes once on a
-    CPU); `fast` asks the fast decoder's registry (`utils.fast.path_for`)
-    which of its paths the switches mean on this device and builds it for
-    the book's model (`int8`: with weight-only int8 layers). The plain paths
-    are `utils.generation`'s generators. `adopt=True` hands the book model's
-    weights to the first fast model built (the command line's `--fast`:
-    int8 can then free each bf16 matrix as it quantizes); `model` then
-    names that fast model.
+    return (*generation.BOOK_PATHS, *PATHS)
+
+
+def get_generation_path(name: str) -> Any:
+    """The way to generate called `name` (a book path without importing
+    `utils.fast`); ValueError naming the choices otherwise."""
+    from utils import generation
+
+    for path in generation.BOOK_PATHS:
+        if path.name == name:
+            return path
+    paths = {path.name: path for path in generation_paths()}
+    if name not in paths:
+        raise ValueError(f"no way to generate {name!r}; choose from {', '.join(paths)}")
+    return paths[name]
+
+
+def choose_path(
+    device: torch.device | str,
+    *,
+    cache: bool = True,
+    compile: bool = False,
+    fast: bool = False,
+    int8: bool = False,
+    say: Callable[[str], Any] | None = None,
+) -> Any:
+    """The way to generate that the switches mean on `device` (the
+    commands' --no-cache, --compile, --fast and --int8; the panel's
+    checkboxes): with `fast`, the fast decoder's pick (`utils.fast.path_for`:
+    ValueError for int8 off the CPU; `say` hears why a native step is off);
+    else the book's path with those needs."""
+    if fast:
+        from utils.fast import path_for
+
+        return path_for(device, int8=int8, compile=compile, say=say)
+    from utils import generation
+
+    needs = {"cache"} if cache else set()
+    needs |= {"compile"} if compile else set()
+    return next(p for p in generation.BOOK_PATHS if p.needs == needs)
+
+
+class GreedyStreamer:
+    """Streams greedy token ids from one model on the chosen way to generate.
+
+    The switches of `stream` (and `int8` here: the fast path with
+    weight-only int8 layers) pick an entry of the one registry
+    (`choose_path`), or `path` names one. What an entry builds is built on
+    first use and kept, per builder: the book's two compiled paths share one
+    `utils.compile.book_compile` (minutes once on a CPU), each fast path has
+    its own fast model. `adopt=True` hands the book model's weights to the
+    first model built (the command line's `--fast`: int8 can then free each
+    bf16 matrix as it quantizes); `model` then names that model.
     """
 
     def __init__(
@@ -90,29 +146,16 @@ class GreedyStreamer:
         self.model = model
         self.int8 = int8  # the fast path with weight-only int8 (approximate)
         self.adopt = adopt
-        self._compiled: torch.nn.Module | None = None
-        self._fast: dict[str, Any] = {}  # path name -> its fast model
+        self._built: dict[Any, Any] = {}  # an entry's builder -> what it built
 
-    def _fast_model(self, compile: bool, device: torch.device) -> Any:
-        from utils.fast import path_for
-
-        path = path_for(device, int8=self.int8, compile=compile)
-        if path.name not in self._fast:
-            adopt = self.adopt and not self._fast
-            fast = path.build(self.model, adopt=adopt)
-            self._fast[path.name] = fast
+    def _model_for(self, path: Any) -> Any:
+        if path.build not in self._built:
+            adopt = self.adopt and not self._built
+            built = path.build(self.model, adopt=adopt)
+            self._built[path.build] = built
             if adopt:
-                self.model = fast
-        return self._fast[path.name]
-
-    def _book_model(self, compile: bool) -> torch.nn.Module:
-        if not compile:
-            return self.model
-        if self._compiled is None:
-            from utils.compile import book_compile
-
-            self._compiled = book_compile(self.model)
-        return self._compiled
+                self.model = built
+        return self._built[path.build]
 
     def stream(
         self,
@@ -123,33 +166,28 @@ class GreedyStreamer:
         compile: bool = False,
         fast: bool = False,
         kept: ChatCache | None = None,
+        path: str | None = None,
     ) -> Iterator[int]:
         """Yield new token ids one at a time (batch of one), stopping at
         `eos_token_id` without yielding it. `kept`: a conversation's cache,
-        continued (with a cache: the book's or the fast one; without one,
-        every step runs the whole sequence anyway and `kept` is cleared)."""
-        from utils.generation import (
-            generate_text_basic_stream,
-            generate_text_basic_stream_cache,
-        )
-
-        args = (token_ids, max_new_tokens, eos_token_id)
-        if fast:
-            from utils.fast import generate
-
-            model = self._fast_model(compile, token_ids.device)
-            gen = kept.stream(model, *args, fast) if kept else generate(model, *args)
+        continued (on a path with a cache: the book's or the fast one;
+        without one, every step runs the whole sequence anyway and `kept` is
+        cleared). `path`: a registry entry's name, instead of the switches."""
+        if path is None:
+            chosen = choose_path(
+                token_ids.device, cache=cache, compile=compile, fast=fast,
+                int8=self.int8,
+            )  # fmt: skip
         else:
-            model = self._book_model(compile)
-            if cache and kept is not None:
-                gen = kept.stream(model, *args, fast)
-            else:
-                if kept is not None:
-                    kept.clear()
-                fn = generate_text_basic_stream
-                if cache:
-                    fn = generate_text_basic_stream_cache
-                gen = fn(model, *args)
+            chosen = get_generation_path(path)
+        model = self._model_for(chosen)
+        args = (token_ids, max_new_tokens, eos_token_id)
+        if kept is not None and "cache" in chosen.needs:
+            gen = kept.stream(model, *args, chosen.family == "fast")
+        else:
+            if kept is not None:
+                kept.clear()
+            gen = chosen.stream(model, *args)
         return _as_ints(gen)
 
 
@@ -187,14 +225,6 @@ class StreamResult:
         return len(self.token_ids) / self.elapsed_s
 
 
-def _model_device(streamer: Any) -> torch.device:
-    model = getattr(streamer, "model", None)
-    if model is not None:
-        for param in model.parameters():
-            return param.device
-    return torch.device("cpu")
-
-
 def stream_generation(
     streamer: Any,
     tokenizer: Any,
@@ -222,11 +252,12 @@ def stream_generation(
     Invalid inputs, and a prompt whose attention would not fit in memory,
     raise ValueError before anything is generated.
     """
-    from utils.device import reset_peak_memory, synchronize
+    from utils.device import model_device, reset_peak_memory, synchronize
 
     if stats not in (None, "print", "quiet"):
         raise ValueError(f"stats must be None, 'print' or 'quiet', got {stats!r}")
-    device = device if device is not None else _model_device(streamer)
+    if device is None:
+        device = model_device(getattr(streamer, "model", None))
     ids = _checked_prompt(streamer, prompt_ids, max_new_tokens, device, cache or fast)
     result = StreamResult()
     reset_peak_memory(device)

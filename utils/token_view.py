@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from utils.device import model_device
 from utils.qwen3_tokenizer import unicode_to_byte
 
 # --------------------------------------------------------------------------
@@ -232,13 +233,6 @@ class TopK:
         return list(zip(self.ids, self.pieces, self.probs, strict=True))
 
 
-def _model_device(model: torch.nn.Module) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:
-        return torch.device("cpu")
-
-
 def _as_ids(token_ids: Sequence[int] | torch.Tensor) -> list[int]:
     if isinstance(token_ids, torch.Tensor):
         if token_ids.ndim == 2 and token_ids.shape[0] == 1:
@@ -261,7 +255,7 @@ def next_token_probs(
     """Float32 softmax over the vocabulary for the token after `token_ids`."""
     ids = _as_ids(token_ids)
     model.eval()
-    x = torch.tensor([ids], device=_model_device(model))
+    x = torch.tensor([ids], device=model_device(model))
     logits = model(x)[0, -1]  # (vocab_size,)
     return torch.softmax(logits.float(), dim=-1).cpu()
 

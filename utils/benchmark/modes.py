@@ -1,8 +1,9 @@
 """How the benchmark builds, runs and measures each mode (`utils.benchmark`).
 
-Each mode becomes "a function that streams new tokens" (`Prepared`): the
-book's generators, the book package's optimized model, the fast decoder's
-registry paths (`utils.fast.PATHS`) or Hugging Face `transformers`; the
+Each mode becomes "a function that streams new tokens" (`Prepared`): a way
+to generate of the one registry (`utils.streaming.generation_paths`: the
+book's generators, compiled or not, and the fast decoder's paths), the book
+package's optimized model or Hugging Face `transformers`; the
 timers read the clock per token, and the memory a mode uses is sampled
 while it runs (peak RSS on a CPU) and counted by the tensors it holds.
 """
@@ -222,10 +223,6 @@ def time_stream(
     return {"ttft_s": first - start, "total_s": end - start, "tokens": n}
 
 
-def _book_stream(model, generator, token_ids, n):
-    return lambda: generator(model, token_ids, n)
-
-
 def optimized_model(book_model: torch.nn.Module) -> torch.nn.Module:
     """The book package's `qwen3_optimized.Qwen3Model` sharing the book
     model's weights (same parameter names; no copy)."""
@@ -404,16 +401,21 @@ class Prepared:
     timer: Callable[..., dict[str, float]] = time_stream
 
 
-def _prepare_book(mode: Any, book, token_ids, n) -> Prepared:
-    from utils.compile import book_compile
-    from utils.generation import (
-        generate_text_basic_stream,
-        generate_text_basic_stream_cache,
-    )
+def _prepare_path(mode: Any, book, token_ids, n) -> Prepared:
+    """A mode that is a way to generate of the one registry: built for the
+    book's model by its entry, skipped where it cannot run here (a native
+    path whose step cannot run for this model too: not timed eagerly in its
+    name)."""
+    from utils.streaming import get_generation_path
 
-    model = book_compile(book) if mode.compiled else book
-    gen = generate_text_basic_stream_cache if mode.cache else generate_text_basic_stream
-    return Prepared(_book_stream(model, gen, token_ids, n), book)
+    path = get_generation_path(mode.name)
+    reason = path.unavailable(token_ids.device)
+    if reason is not None:
+        raise ModeSkipped(reason)
+    model = path.build(book)
+    if "native" in path.needs and model.native_unsupported_reason() is not None:
+        raise ModeSkipped(model.native_unsupported_reason())
+    return Prepared(lambda: path.stream(model, token_ids, n), model)
 
 
 def _prepare_optimized(mode: Any, book, token_ids, n) -> Prepared:
@@ -424,27 +426,14 @@ def _prepare_optimized(mode: Any, book, token_ids, n) -> Prepared:
     return Prepared(optimized_stream(model, token_ids, n), opt)
 
 
-def _prepare_fast(mode: Any, book, token_ids, n) -> Prepared:
-    from utils.fast import generate, get_path
-
-    path = get_path(mode.name)
-    reason = path.unavailable(token_ids.device)
-    if reason is not None:
-        raise ModeSkipped(reason)
-    fast = path.build(book)
-    if path.native and fast.native_unsupported_reason() is not None:
-        raise ModeSkipped(fast.native_unsupported_reason())
-    return Prepared(lambda: generate(fast, token_ids, n), fast)
-
-
 def _prepare_hf(mode: Any, book, token_ids, n) -> Prepared:
     stream, hf = _hf_static_runner(book, token_ids, n)
     return Prepared(stream, hf, _hf_time_stream)
 
 
 PREPARE = {
-    "book": _prepare_book,
+    "book": _prepare_path,
     "optimized": _prepare_optimized,
-    "fast": _prepare_fast,
+    "fast": _prepare_path,
     "hf": _prepare_hf,
 }

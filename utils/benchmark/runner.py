@@ -6,11 +6,11 @@ Run `uv run python -m utils.benchmark --help`, or from a notebook:
     print(format_table(rows))
 
 The modes (all greedy, same prompt, same number of new tokens, EOS ignored)
-are the entries of `MODES`: the book's four (`regular`, `regular_compiled`,
-`kv_cache`, `kv_cache_compiled`, compiled the book's way through
-`utils.compile.book_compile`), the book package's `qwen3_optimized`, the fast
-path of `utils.fast` (eager, compiled, block-compiled, int8, native) and
-Hugging Face `transformers` with a static cache. On a CPU the uncached book
+are `all_modes()`: the one registry's ways to generate (`generation_paths` in
+`utils.streaming`: the book's four, `regular`, `regular_compiled`, `kv_cache`,
+`kv_cache_compiled`, compiled through `utils.compile.book_compile`, and the
+fast paths of `utils.fast`), the book package's `qwen3_optimized` and Hugging
+Face `transformers` with a static cache. On a CPU the uncached book
 modes (minutes at 100 tokens) and the compiled ones (minutes of compiling
 each) run only when named: the default set then takes a few minutes.
 
@@ -90,8 +90,8 @@ from utils.stdio import utf8_streams
 
 @dataclass(frozen=True)
 class Mode:
-    """One row of the benchmark: how its model is built and run. The fast
-    decoder's rows are its registry's paths (`utils.fast.PATHS`)."""
+    """One row of the benchmark: how its model is built and run (`all_modes`:
+    the registry's entries and the benchmark's own comparisons)."""
 
     name: str
     note: str
@@ -104,38 +104,45 @@ class Mode:
     by_default: bool = True  # run when no modes are named
 
 
-def _fast_modes() -> tuple[Mode, ...]:
-    from utils.fast import PATHS
+def _registry_mode(path: Any) -> Mode:
+    """The row of a registry entry, read off its `needs`."""
+    needs = path.needs
+    return Mode(path.name, path.summary, path.family,
+                compiled="compile" in needs, cache="cache" in needs,
+                int8=path.int8, cpu_only="cpu" in needs,
+                slow_on_cpu="cache" not in needs,
+                by_default=path.in_default_run)  # fmt: skip
 
-    return tuple(
-        Mode(p.name, p.summary, "fast", compiled=p.compile is not None,
-             int8=p.int8, cpu_only=p.int8 or p.native,
-             by_default=p.in_default_run)
-        for p in PATHS
-    )  # fmt: skip
 
-
-MODES = (
-    Mode("regular", "book, no cache", "book", cache=False, slow_on_cpu=True),
-    Mode("regular_compiled", "book, no cache, torch.compile", "book",
-         compiled=True, cache=False, slow_on_cpu=True),
-    Mode("kv_cache", "book KVCache", "book"),
-    Mode("kv_cache_compiled", "book KVCache, torch.compile", "book",
-         compiled=True),
+_OPTIMIZED = (
     Mode("optimized", "book package's qwen3_optimized", "optimized"),
     Mode("optimized_compiled", "book package's qwen3_optimized, torch.compile",
          "optimized", compiled=True),
-    *_fast_modes(),
-    Mode("hf_static", "transformers generate, static cache", "hf"),
 )  # fmt: skip
-MODE_BY_NAME = {m.name: m for m in MODES}
-ALL_MODES = tuple(MODE_BY_NAME)
-MODE_NOTES = {m.name: m.note for m in MODES}
+_HF = Mode("hf_static", "transformers generate, static cache", "hf")
+
+
+def all_modes() -> tuple[Mode, ...]:
+    """Every mode in the table's order, asked on each use: the registry's
+    book paths, the book package's optimized model, its fast paths, HF."""
+    from utils.streaming import generation_paths
+
+    rows = [_registry_mode(p) for p in generation_paths()]
+    book = [m for m in rows if m.family == "book"]
+    return (*book, *_OPTIMIZED, *[m for m in rows if m.family == "fast"], _HF)
+
+
+def mode_names() -> list[str]:
+    """The names of `all_modes`, in order."""
+    return [m.name for m in all_modes()]
+
+
+def get_mode(name: str) -> Mode:
+    """The mode called `name` (a name `_check_modes` accepted)."""
+    return next(m for m in all_modes() if m.name == name)
+
+
 BASELINE_MODE = "kv_cache"
-SLOW_ON_CPU = tuple(m.name for m in MODES if m.slow_on_cpu)
-CPU_ONLY = tuple(m.name for m in MODES if m.cpu_only)
-INT8_MODES = tuple(m.name for m in MODES if m.int8)
-BF16_FAST_MODES = tuple(m.name for m in MODES if m.family == "fast" and not m.int8)
 DEFAULT_PROMPT = "Explain large language models in a single sentence."
 DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -149,9 +156,10 @@ def default_modes(device: torch.device) -> list[str]:
     their kernels exist; the uncached and the compiled modes everywhere but
     on a CPU, where each takes minutes (running or compiling), so the
     default set finishes in a few minutes on a 2-core laptop."""
+    modes = all_modes()
     if device.type == "cpu":
-        return [m.name for m in MODES if m.by_default and not opt_in_on_cpu(m)]
-    return [m.name for m in MODES if m.by_default and not m.cpu_only]
+        return [m.name for m in modes if m.by_default and not opt_in_on_cpu(m)]
+    return [m.name for m in modes if m.by_default and not m.cpu_only]
 
 
 def opt_in_on_cpu(mode: Mode) -> bool:
@@ -224,12 +232,13 @@ def prompt_token_ids(
 
 
 def _check_modes(modes: Sequence[str]) -> list[str]:
-    modes = list(ALL_MODES) if list(modes) == ["all"] else list(modes)
-    bad = [m for m in modes if m not in MODE_BY_NAME]
+    names = mode_names()
+    modes = list(names) if list(modes) == ["all"] else list(modes)
+    bad = [m for m in modes if m not in names]
     if bad or not modes:
         raise ValueError(
             f"unknown mode(s) {', '.join(bad) or '(none given)'}; "
-            f"choose from {', '.join(ALL_MODES)} (or all)"
+            f"choose from {', '.join(names)} (or all)"
         )
     return list(dict.fromkeys(modes))
 
@@ -359,7 +368,7 @@ def _check_memory(cfg, prompt_len: int, n: int, modes: list[str], dev) -> None:
     (the uncached modes run prompt + n tokens at once in their last step)."""
     from utils.models import check_prefill_fits
 
-    uncached = any(not MODE_BY_NAME[m].cache for m in modes)
+    uncached = any(not get_mode(m).cache for m in modes)
     check_prefill_fits(cfg, prompt_len + (n if uncached else 0), dev)
 
 
@@ -367,7 +376,7 @@ def _modes_for(dev: torch.device, modes: Sequence[str] | None, quiet: bool):
     if modes is not None:
         return modes
     chosen = default_modes(dev)
-    left_out = [m.name for m in MODES if m.by_default and m.name not in chosen]
+    left_out = [m.name for m in all_modes() if m.by_default and m.name not in chosen]
     if dev.type == "cpu" and left_out and not quiet:
         get_logger(LOG_NAME).info(
             f"on a CPU, {', '.join(left_out)} run only when named (minutes "
@@ -422,7 +431,7 @@ class _Run:
                 )
                 # each mode compiles into its own empty cache folder (cold_compile)
                 with fresh_compile_cache(cold_compile):
-                    row = self.mode(MODE_BY_NAME[name])
+                    row = self.mode(get_mode(name))
                 if row is None:
                     continue
                 after = measure_read_bandwidth(self.dev, probe_bytes)
@@ -574,7 +583,7 @@ def _summarise(mode, runs, warmup_s, mem, dev, token_ids) -> dict[str, Any]:
         "memory_kind": mem.kind,
         "ratio_vs_kv_cache": None,
         "compiled": False,
-        "note": MODE_NOTES[mode],
+        "note": get_mode(mode).note,
     }
 
 
@@ -585,7 +594,10 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
             row["ratio_vs_kv_cache"] = row["tokens_per_sec"] / base["tokens_per_sec"]
     # Which fast path this machine should use: the fastest per token, and
     # the soonest to a whole answer
-    fast = [r for r in rows if r["mode"] in BF16_FAST_MODES]
+    modes = all_modes()
+    int8 = {m.name for m in modes if m.int8}
+    bf16_fast = {m.name for m in modes if m.family == "fast" and not m.int8}
+    fast = [r for r in rows if r["mode"] in bf16_fast]
     if not fast:
         return
     best = max(fast, key=lambda r: r["tokens_per_sec"])
@@ -593,7 +605,7 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         row["best_bf16_fast"] = row is best
         row["soonest_bf16_fast"] = row is soonest
-        if row["mode"] in INT8_MODES:
+        if row["mode"] in int8:
             row["speed_vs_best_bf16_fast"] = (
                 row["tokens_per_sec"] / best["tokens_per_sec"]
             )
@@ -631,7 +643,7 @@ def build_parser() -> CommandParser:
     p.add_argument(
         "--modes",
         default=None,
-        help=f"comma-separated subset of: {', '.join(ALL_MODES)}; or all "
+        help=f"comma-separated subset of: {', '.join(mode_names())}; or all "
         "(default on a CPU: the modes without torch.compile, minus regular; "
         "elsewhere: all but the CPU-only ones)",
     )

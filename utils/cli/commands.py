@@ -222,14 +222,15 @@ def _load_model(args: argparse.Namespace, path: Path, device: Any) -> Any:
     tensors memory-mapped, not copied); one UsageError line for a bad file
     or for --fast options that cannot run on this device."""
     from utils import models
+    from utils.streaming import choose_path
 
-    if args.fast:  # options that cannot work here fail before loading
-        from utils.fast import path_for
-
-        try:
-            path_for(device, args.int8, args.compile, say=lambda _: None)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+    try:  # switches that cannot work here fail before loading
+        choose_path(
+            device, cache=args.cache, compile=args.compile, fast=args.fast,
+            int8=args.int8, say=lambda _: None,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     try:
         state_dict = models.read_checkpoint(path)
         return models.load_book_model(state_dict, device)

@@ -1,19 +1,19 @@
 """The fast decoder's one door: a registry of decode paths.
 
-The benchmark, the command line, the generation panel's streamer and the
-bonus scripts ask this table what paths exist, whether one can run here
-and how to build it for a loaded book model; none decides paths itself.
-Offering a new path everywhere is one `DecodePath` entry.
+The benchmark, the commands, the panel's streamer and the bonus scripts ask
+the one registry (`utils.streaming.generation_paths`: the book's paths, then
+these); none decides paths itself. A new fast path is one `DecodePath` entry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from utils.fast.steps import generate
 from utils.log import get_logger
 
 _log = get_logger(__name__)
@@ -33,10 +33,17 @@ class DecodePath:
     native: bool = False
     fastest: bool = False  # native where it runs, else the compiled block
     in_default_run: bool = True  # run by the benchmark when no modes are named
+    family: ClassVar[str] = "fast"
+
+    @property
+    def needs(self) -> frozenset[str]:  # "cpu": int8, native kernels: CPUs only
+        wants = {"cache": True, "compile": self.compile, "native": self.native,
+                 "cpu": self.int8 or self.native}  # fmt: skip
+        return frozenset(name for name, on in wants.items() if on)
 
     def unavailable(self, device: torch.device | str) -> str | None:
         """Why this path cannot run on `device` here (None: it can)."""
-        if (self.int8 or self.native) and torch.device(device).type != "cpu":
+        if "cpu" in self.needs and torch.device(device).type != "cpu":
             return "its kernels run on a CPU only"
         if self.native:
             from utils.fast.kernels import get_kernels
@@ -75,6 +82,10 @@ class DecodePath:
             fast.compile_decode(scope="block")
             _log.info("%s: the compiled block (native step off: %s)", self.name, reason)
         return fast
+
+    def stream(self, model: Any, *args: Any) -> Iterator[torch.Tensor]:
+        """Greedy tokens (token_ids, max_new_tokens, eos) from what `build` made."""
+        return generate(model, *args)
 
 
 PATHS: tuple[DecodePath, ...] = (
@@ -125,7 +136,7 @@ def path_for(
     step where it can run (else `say`, default the logger, gets one line
     saying why); else eager. ValueError for int8 off the CPU."""
     int8_tag = "_int8" if int8 else ""
-    if int8 and torch.device(device).type != "cpu":
+    if int8 and get_path("fast_eager_int8").unavailable(device):  # off the CPU
         raise ValueError("int8 weights run on a CPU only; use --device cpu")
     if compile:
         return get_path(f"fast_fastest{int8_tag}")
