@@ -101,3 +101,25 @@ def _load_tokenizer(
 ) -> Qwen3Tokenizer:
     """Size and time only key the cache: a rewritten file loads afresh."""
     return Qwen3Tokenizer(path, **dict(settings))
+
+
+# A Python program that runs a command (`chat` or `generate`) on the tiny
+# model; argv: the tokenizer path, the command, its arguments.
+CLI_DRIVER = r"""
+import sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from tests._view_fixtures import load_tokenizer, tiny_model
+from utils.cli import commands as cli
+from utils.streaming import GreedyStreamer
+
+model = tiny_model()
+
+def fake_load(args, kind, **kw):
+    tok = load_tokenizer(sys.argv[1], **kw)
+    return cli.Loaded(tok, model, torch.device("cpu"), GreedyStreamer(model), True)
+
+cli.load = fake_load
+main = {"chat": cli.chat_main, "generate": cli.generate_main}[sys.argv[2]]
+sys.exit(main(sys.argv[3:]))
+"""
