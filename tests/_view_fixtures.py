@@ -15,19 +15,11 @@ import pytest
 import torch
 from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model, Qwen3Tokenizer
 
+from tests.tiny import tiny_config
 from utils.download.standin import CACHE_ENV
 
-TINY_CFG = {
-    **QWEN_CONFIG_06_B,
-    "context_length": 256,
-    "emb_dim": 64,
-    "n_heads": 2,
-    "n_layers": 2,
-    "hidden_dim": 128,
-    "head_dim": 32,
-    "n_kv_groups": 1,
-    "dtype": torch.float32,
-}
+# the tiny config with the real vocabulary, so the real tokenizer fits
+TINY_CFG = tiny_config(vocab_size=QWEN_CONFIG_06_B["vocab_size"])
 
 
 def standin_root(tmp_path_factory: pytest.TempPathFactory) -> Path:

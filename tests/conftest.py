@@ -269,12 +269,12 @@ def hosts(monkeypatch: pytest.MonkeyPatch, payloads: dict[str, bytes]):
 @pytest.fixture
 def tiny_standin_weights(monkeypatch):
     """Build stand-in weights for a tiny config instead of the 0.6B shape."""
-    from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B
+    import torch
 
+    from tests.tiny import tiny_config
     from utils.download import standin
 
-    tiny = {**QWEN_CONFIG_06_B, "vocab_size": 1000, "emb_dim": 64, "hidden_dim": 128,
-            "n_layers": 2, "n_heads": 2, "n_kv_groups": 1, "head_dim": 32}  # fmt: skip
+    tiny = tiny_config(dtype=torch.bfloat16)  # the real stand-in's dtype
     real = standin.write_standin_weights
     calls = []
 
