@@ -194,6 +194,38 @@ def refresh(path: Path, run: bool, check: bool, timeout: int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    # Offline stand-ins, exactly as under pytest (the kernels inherit this).
+    os.environ["QWEN3_STANDIN"] = "1"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Plain printed fallbacks instead of widgets, as under nbval (see
+    # utils/widgets.py); their outputs are not stored anyway.
+    os.environ.setdefault("QWEN3_NO_WIDGETS", "1")
+
+    try:
+        notebooks = find_notebooks(args.paths)
+    except RefreshError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not notebooks:
+        print("error: no notebooks found", file=sys.stderr)
+        return 2
+
+    stale, failed = refresh_all(notebooks, args)
+    if failed:
+        return 2
+    if args.check and stale:
+        print(
+            f"{len(stale)} notebook(s) out of date; run "
+            "`uv run python scripts/refresh_notebooks.py` and commit",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=(
             "Re-execute the chapter notebooks with the offline stand-ins and "
@@ -222,24 +254,13 @@ def main(argv: list[str] | None = None) -> int:
         default=900,
         help="seconds allowed per cell (default: 900)",
     )
-    args = parser.parse_args(argv)
+    return parser
 
-    # Offline stand-ins, exactly as under pytest (the kernels inherit this).
-    os.environ["QWEN3_STANDIN"] = "1"
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # Plain printed fallbacks instead of widgets, as under nbval (see
-    # utils/widgets.py); their outputs are not stored anyway.
-    os.environ.setdefault("QWEN3_NO_WIDGETS", "1")
 
-    try:
-        notebooks = find_notebooks(args.paths)
-    except RefreshError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if not notebooks:
-        print("error: no notebooks found", file=sys.stderr)
-        return 2
-
+def refresh_all(
+    notebooks: list[Path], args: argparse.Namespace
+) -> tuple[list[Path], list[Path]]:
+    """Refresh each notebook, one line per notebook; (stale, failed) paths."""
     stale, failed = [], []
     for path in notebooks:
         start = time.perf_counter()
@@ -256,17 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             stale.append(path)
         status = ("stale" if args.check else "updated") if changed else "ok"
         print(f"{status:<8} {path} ({took:.0f} s)")
-
-    if failed:
-        return 2
-    if args.check and stale:
-        print(
-            f"{len(stale)} notebook(s) out of date; run "
-            "`uv run python scripts/refresh_notebooks.py` and commit",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    return stale, failed
 
 
 if __name__ == "__main__":

@@ -15,19 +15,11 @@ import pytest
 import torch
 from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B, Qwen3Model, Qwen3Tokenizer
 
+from tests.tiny import tiny_config
 from utils.download.standin import CACHE_ENV
 
-TINY_CFG = {
-    **QWEN_CONFIG_06_B,
-    "context_length": 256,
-    "emb_dim": 64,
-    "n_heads": 2,
-    "n_layers": 2,
-    "hidden_dim": 128,
-    "head_dim": 32,
-    "n_kv_groups": 1,
-    "dtype": torch.float32,
-}
+# the tiny config with the real vocabulary, so the real tokenizer fits
+TINY_CFG = tiny_config(vocab_size=QWEN_CONFIG_06_B["vocab_size"])
 
 
 def standin_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -101,3 +93,25 @@ def _load_tokenizer(
 ) -> Qwen3Tokenizer:
     """Size and time only key the cache: a rewritten file loads afresh."""
     return Qwen3Tokenizer(path, **dict(settings))
+
+
+# A Python program that runs a command (`chat` or `generate`) on the tiny
+# model; argv: the tokenizer path, the command, its arguments.
+CLI_DRIVER = r"""
+import sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from tests._view_fixtures import load_tokenizer, tiny_model
+from utils.cli import commands as cli
+from utils.streaming import GreedyStreamer
+
+model = tiny_model()
+
+def fake_load(args, kind, **kw):
+    tok = load_tokenizer(sys.argv[1], **kw)
+    return cli.Loaded(tok, model, torch.device("cpu"), GreedyStreamer(model), True)
+
+cli.load = fake_load
+main = {"chat": cli.chat_main, "generate": cli.generate_main}[sys.argv[2]]
+sys.exit(main(sys.argv[3:]))
+"""

@@ -206,3 +206,132 @@ def tmpfs(tmp_path):
     yield mount
     for folder in reversed(mounted):
         subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+# --- downloads from loopback hosts (test_download*.py, test_model_store.py);
+# their modules use `tiny_expectations` and `store` for every test ----------
+
+
+@pytest.fixture
+def tiny_expectations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Content checks expect the tiny model and the fake tokenizer's size."""
+    from tests.download_helpers import TINY, VOCAB
+    from utils.download import fetch, provenance, sources
+
+    monkeypatch.setattr(provenance, "MODEL_CONFIG", TINY)
+    monkeypatch.setattr(provenance, "TOKENIZER_VOCAB", VOCAB)
+    monkeypatch.setattr(sources, "_BACKOFF", 0.01)
+    monkeypatch.setattr(fetch, "_MIN_TIMEOUT", 0.1)  # quick tests may wait less
+
+
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch, tmp_path_factory) -> Path:
+    """The model store of this test only (children started here get it too)."""
+    folder = tmp_path_factory.mktemp("store")
+    monkeypatch.setenv("QWEN3_MODEL_STORE", str(folder))
+    return folder
+
+
+@pytest.fixture
+def payloads() -> dict[str, bytes]:
+    """Files that pass the content checks, a few hundred kB each."""
+    from tests.download_helpers import MODEL, TINY, TOK, VOCAB
+    from tests.fake_hosts import fake_checkpoint, fake_tokenizer_json
+
+    return {TOK: fake_tokenizer_json(VOCAB), MODEL: fake_checkpoint(TINY)}
+
+
+@pytest.fixture
+def hosts(monkeypatch: pytest.MonkeyPatch, payloads: dict[str, bytes]):
+    """Hub (+ its CDN) and mirror, both serving `payloads`; real mode, no xet."""
+    import huggingface_hub.constants
+    import huggingface_hub.file_download
+
+    from tests.fake_hosts import MIRROR_PREFIX, FakeHost, serve_like_b2, serve_like_hub
+
+    monkeypatch.delenv("QWEN3_STANDIN", raising=False)
+    monkeypatch.delenv("HF_HUB_DISABLE_XET", raising=False)
+
+    def no_xet(*args, **kwargs):
+        raise AssertionError("plain HTTP servers must not trigger a xet download")
+
+    monkeypatch.setattr(huggingface_hub.file_download, "xet_get", no_xet)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    with FakeHost() as hub, FakeHost() as cdn, FakeHost() as mirror:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("QWEN3_BACKUP_URL", mirror.url + MIRROR_PREFIX.rstrip("/"))
+        for name, data in payloads.items():
+            serve_like_hub(hub, cdn, name, data)
+            serve_like_b2(mirror, name, data, large=name.endswith(".pth"))
+        yield hub, cdn, mirror
+
+
+@pytest.fixture
+def tiny_standin_weights(monkeypatch):
+    """Build stand-in weights for a tiny config instead of the 0.6B shape."""
+    import torch
+
+    from tests.tiny import tiny_config
+    from utils.download import standin
+
+    tiny = tiny_config(dtype=torch.bfloat16)  # the real stand-in's dtype
+    real = standin.write_standin_weights
+    calls = []
+
+    def write(path, kind="base", cfg=None):
+        calls.append(Path(path))
+        return real(path, kind, cfg=tiny)
+
+    monkeypatch.setattr(standin, "write_standin_weights", write)
+    # The exact tokenizer build takes ~20 s and is tested on its own; a small
+    # JSON stands in for it here.
+    qwen3_tokenizer = pytest.importorskip("utils.qwen3_tokenizer")
+    monkeypatch.setattr(
+        qwen3_tokenizer, "build_qwen3_tokenizer_json", lambda: '{"fake": true}'
+    )
+    return calls
+
+
+@pytest.fixture
+def standin_env(tmp_path, monkeypatch, tiny_standin_weights):
+    """Stand-in mode with its own cache and files folder."""
+    from utils.download import standin
+
+    monkeypatch.setenv("QWEN3_STANDIN", "1")
+    monkeypatch.setenv(standin.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(standin.DIR_ENV, str(tmp_path / "standin-files"))
+    return tmp_path / "standin-files"
+
+
+# --- the commands in process on the tiny model (test_cli.py, test_stdio.py) --
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(tokenizer, tiny model, tokenizer path)."""
+    from tests._view_fixtures import load_tokenizer, standin_files, tiny_model
+
+    tok_path, _ = standin_files(tmp_path_factory, "reasoning", tokenizer_only=True)
+    return load_tokenizer(tok_path), tiny_model(), tok_path
+
+
+@pytest.fixture
+def tiny_cli(monkeypatch, tiny):
+    """Make `cli.load` hand out the tiny model with the real tokenizer."""
+    import torch
+
+    from tests._view_fixtures import load_tokenizer
+    from utils.cli import commands as cli
+    from utils.streaming import GreedyStreamer
+
+    tok, model, tok_path = tiny
+
+    def fake_load(args, kind, **tokenizer_kwargs):
+        cli._resolve_device(args.device)
+        cli._check_fast(args.fast, args.cache, args.int8)
+        t = load_tokenizer(tok_path, **tokenizer_kwargs)
+        streamer = GreedyStreamer(model, int8=args.int8)
+        return cli.Loaded(t, model, torch.device("cpu"), streamer, True)
+
+    monkeypatch.setattr(cli, "load", fake_load)
+    return tiny

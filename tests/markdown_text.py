@@ -5,11 +5,13 @@ follow, with GitHub's tables) for the documentation tests: which files and
 notebook cells hold Markdown, which of them are Chinese, where a soft line
 break sits next to a full-width character (it renders as a stray space),
 what each heading's anchor is (as GitHub makes it) and where each link
-points.
+points. Also the code a page shows (its commands) and the labels notebook
+code passes to `chart_text`.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import unicodedata
@@ -218,3 +220,43 @@ def links(markdown: str) -> list[Link]:
                 text.append(inner.content)
             found.append(Link("".join(text), str(child.attrs.get("href", ""))))
     return found
+
+
+def code_snippets(text: str) -> list[str]:
+    """Lines of fenced code blocks (continuations joined, `$ ` prompts
+    dropped) and inline code spans."""
+    out, block, lines = [], False, text.splitlines()
+    joined = ""
+    for line in lines:
+        if line.lstrip().startswith("```"):
+            block = not block
+            continue
+        if block:
+            joined += line.rstrip().removesuffix("\\").strip() + " "
+            if not line.rstrip().endswith("\\"):
+                out.append(joined.strip().removeprefix("$ "))
+                joined = ""
+        else:  # a span that is only a command's name names it in prose
+            out += [
+                span
+                for span in re.findall(r"`([^`]+)`", line)
+                if not re.fullmatch(r"(uv run )?qwen3-(generate|chat)", span)
+            ]
+    return out
+
+
+def chart_text_literals(source: str) -> list[str]:
+    """The strings a code cell passes to `chart_text` as literals."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    return [
+        node.args[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", None)) == "chart_text"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ]

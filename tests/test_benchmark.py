@@ -15,37 +15,16 @@ import torch
 
 import utils.benchmark.bandwidth
 import utils.fast
-from tests.tiny import tiny_config
+from tests.tiny import benchmark_inputs, tiny_run
 from utils.benchmark import modes as benchmark_modes
 from utils.benchmark import report as benchmark_report
 from utils.benchmark import runner as benchmark
 from utils.benchmark.bandwidth import weight_bytes_per_token
-from utils.download.standin import standin_state_dict
 from utils.models import load_book_model
 
-TINY = tiny_config(vocab_size=500)
+TINY, SD, PROMPT = benchmark_inputs()  # the tiny config, vocabulary 500
 MODES = ["regular", "kv_cache", "optimized", "fast"]
-SD = standin_state_dict(TINY, 0)
-PROMPT = torch.tensor([[3, 1, 4, 1, 5]])
 REPO = Path(__file__).resolve().parents[1]
-
-
-def tiny_run(modes: list[str], **overrides) -> list[dict]:
-    """run_benchmark on the tiny model: float32, 3 tokens, one repeat, quiet,
-    a 4 MiB read-speed probe; keyword arguments override these."""
-    kwargs = {
-        "device": "cpu",
-        "dtype": "float32",
-        "max_new_tokens": 3,
-        "repeats": 1,
-        "cfg": TINY,
-        "state_dict": SD,
-        "token_ids": PROMPT,
-        "quiet": True,
-        "bandwidth_bytes": 1 << 22,
-        **overrides,
-    }
-    return benchmark.run_benchmark(modes=modes, **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests._view_fixtures import (
+    CLI_DRIVER,
     load_tokenizer,
     standin_env,
     standin_files,
@@ -265,27 +266,7 @@ def test_console_scripts_are_declared():
 # --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """(tokenizer, tiny model, tokenizer path)."""
-    tok_path, _ = standin_files(tmp_path_factory, "reasoning", tokenizer_only=True)
-    return load_tokenizer(tok_path), tiny_model(), tok_path
-
-
-@pytest.fixture
-def tiny_cli(monkeypatch, tiny):
-    """Make `cli.load` hand out the tiny model with the real tokenizer."""
-    tok, model, tok_path = tiny
-
-    def fake_load(args, kind, **tokenizer_kwargs):
-        cli._resolve_device(args.device)
-        cli._check_fast(args.fast, args.cache, args.int8)
-        t = load_tokenizer(tok_path, **tokenizer_kwargs)
-        streamer = GreedyStreamer(model, int8=args.int8)
-        return cli.Loaded(t, model, torch.device("cpu"), streamer, True)
-
-    monkeypatch.setattr(cli, "load", fake_load)
-    return tiny
+# (the fixtures `tiny` and `tiny_cli` are in conftest.py)
 
 
 def chat_in_process(monkeypatch, capsys, stdin, *args):
@@ -500,26 +481,6 @@ def test_chat_encode_error_is_one_line_and_the_chat_goes_on(
     assert len(bad) == 1 and bad[0].startswith("qwen3-chat: ")
     assert "[history: 2 messages" in out and "user: fine" in out
     assert out.count("Assistant: ") == 2  # the bad line got no answer
-
-
-DRIVER = r"""
-import sys
-import torch
-sys.path.insert(0, sys.argv[1])
-from tests._view_fixtures import load_tokenizer, tiny_model
-from utils.cli import commands as cli
-from utils.streaming import GreedyStreamer
-
-model = tiny_model()
-
-def fake_load(args, kind, **kw):
-    tok = load_tokenizer(sys.argv[1], **kw)
-    return cli.Loaded(tok, model, torch.device("cpu"), GreedyStreamer(model), True)
-
-cli.load = fake_load
-main = {"chat": cli.chat_main, "generate": cli.generate_main}[sys.argv[2]]
-sys.exit(main(sys.argv[3:]))
-"""
 
 
 def test_download_error_prints_its_whole_message(monkeypatch, capsys, tmp_path):
@@ -872,7 +833,7 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly(env, tiny, command)
     """`qwen3-generate ... | head -c 10`: the pipe's reader is gone before
     the answer is written (closed here at once, so it is certain)."""
     _, _, tok_path = tiny
-    args = [sys.executable, "-c", DRIVER, str(tok_path), command,
+    args = [sys.executable, "-c", CLI_DRIVER, str(tok_path), command,
             "--max-new-tokens", "20"]  # fmt: skip
     if command == "generate":
         args += ["--prompt", PROMPT]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.markdown_text import code_snippets
 from utils.benchmark import runner as benchmark
 from utils.cli import commands as cli
 from utils.hf_interop import convert as hf_interop
@@ -39,34 +40,11 @@ PARSERS = {
 }
 
 
-def _snippets(text: str) -> list[str]:
-    """Lines of fenced code blocks (continuations joined, `$ ` prompts
-    dropped) and inline code spans."""
-    out, block, lines = [], False, text.splitlines()
-    joined = ""
-    for line in lines:
-        if line.lstrip().startswith("```"):
-            block = not block
-            continue
-        if block:
-            joined += line.rstrip().removesuffix("\\").strip() + " "
-            if not line.rstrip().endswith("\\"):
-                out.append(joined.strip().removeprefix("$ "))
-                joined = ""
-        else:  # a span that is only a command's name names it in prose
-            out += [
-                span
-                for span in re.findall(r"`([^`]+)`", line)
-                if not re.fullmatch(r"(uv run )?qwen3-(generate|chat)", span)
-            ]
-    return out
-
-
 def doc_commands() -> list[tuple[str, str]]:
     """(doc file, command) for every project command the docs show."""
     found = []
     for doc in DOCS:
-        for snippet in _snippets(doc.read_text(encoding="utf-8")):
+        for snippet in code_snippets(doc.read_text(encoding="utf-8")):
             snippet = snippet.split(" #", 1)[0]  # a trailing comment
             for m in COMMAND.finditer(snippet):
                 rest = snippet[m.start(1) :].strip()

@@ -11,6 +11,19 @@ import huggingface_hub.constants
 import huggingface_hub.file_download
 import pytest
 
+from tests.download_helpers import (
+    MODEL,
+    TINY,
+    TOK,
+    VOCAB,
+    assert_real,
+    child_env,
+    failed_lines,
+    flip_byte_keep_mtime,
+    run_child,
+    said,
+    source_lines,
+)
 from tests.fake_hosts import (
     HUB_PREFIX,
     MIRROR_PREFIX,
@@ -31,52 +44,8 @@ from utils.download.fetch import KINDS, DownloadError, Qwen3Files, download_qwen
 from utils.download.lock import lock_path
 from utils.download.provenance import is_verified
 
-TOK, MODEL = "tokenizer-base.json", "qwen3-0.6B-base.pth"
-VOCAB = 12_000  # the fake tokenizer's vocabulary (Qwen3: 151,643)
-TINY = tiny_config()
-
-
-@pytest.fixture(autouse=True)
-def tiny_expectations(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Content checks expect the tiny model and the fake tokenizer's size."""
-    monkeypatch.setattr(provenance, "MODEL_CONFIG", TINY)
-    monkeypatch.setattr(provenance, "TOKENIZER_VOCAB", VOCAB)
-    monkeypatch.setattr(download_sources, "_BACKOFF", 0.01)
-    monkeypatch.setattr(download, "_MIN_TIMEOUT", 0.1)  # quick tests may wait less
-
-
-@pytest.fixture(autouse=True)
-def store(monkeypatch: pytest.MonkeyPatch, tmp_path_factory) -> Path:
-    """The model store of this test only (children started here get it too)."""
-    folder = tmp_path_factory.mktemp("store")
-    monkeypatch.setenv("QWEN3_MODEL_STORE", str(folder))
-    return folder
-
-
-@pytest.fixture
-def payloads() -> dict[str, bytes]:
-    """Files that pass the content checks, a few hundred kB each."""
-    return {TOK: fake_tokenizer_json(VOCAB), MODEL: fake_checkpoint(TINY)}
-
-
-@pytest.fixture
-def hosts(monkeypatch: pytest.MonkeyPatch, payloads: dict[str, bytes]):
-    """Hub (+ its CDN) and mirror, both serving `payloads`; real mode, no xet."""
-    monkeypatch.delenv("QWEN3_STANDIN", raising=False)
-    monkeypatch.delenv("HF_HUB_DISABLE_XET", raising=False)
-
-    def no_xet(*args, **kwargs):
-        raise AssertionError("plain HTTP servers must not trigger a xet download")
-
-    monkeypatch.setattr(huggingface_hub.file_download, "xet_get", no_xet)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    with FakeHost() as hub, FakeHost() as cdn, FakeHost() as mirror:
-        monkeypatch.setenv("HF_ENDPOINT", hub.url)
-        monkeypatch.setenv("QWEN3_BACKUP_URL", mirror.url + MIRROR_PREFIX.rstrip("/"))
-        for name, data in payloads.items():
-            serve_like_hub(hub, cdn, name, data)
-            serve_like_b2(mirror, name, data, large=name.endswith(".pth"))
-        yield hub, cdn, mirror
+# the tiny content checks and a store of each test's own (conftest.py)
+pytestmark = pytest.mark.usefixtures("tiny_expectations", "store")
 
 
 def closed_port_url() -> str:
@@ -84,15 +53,6 @@ def closed_port_url() -> str:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return f"http://127.0.0.1:{port}"
-
-
-def assert_real(files: Qwen3Files, payloads: dict[str, bytes]) -> None:
-    assert not files.standin
-    for path in files:
-        assert path.read_bytes() == payloads[path.name]
-        assert is_verified(path)
-        assert not provenance.is_standin(path)
-        assert not path.with_name(path.name + ".part").exists()
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -330,30 +290,6 @@ def test_standin_found_in_real_mode_is_replaced(hosts, payloads, tmp_path):
     assert not any(p.name.endswith(sidecar) for p in tmp_path.iterdir())
 
 
-@pytest.fixture
-def tiny_standin_weights(monkeypatch):
-    """Build stand-in weights for a tiny config instead of the 0.6B shape."""
-    from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B
-
-    tiny = {**QWEN_CONFIG_06_B, "vocab_size": 1000, "emb_dim": 64, "hidden_dim": 128,
-            "n_layers": 2, "n_heads": 2, "n_kv_groups": 1, "head_dim": 32}  # fmt: skip
-    real = standin.write_standin_weights
-    calls = []
-
-    def write(path, kind="base", cfg=None):
-        calls.append(Path(path))
-        return real(path, kind, cfg=tiny)
-
-    monkeypatch.setattr(standin, "write_standin_weights", write)
-    # The exact tokenizer build takes ~20 s and is tested on its own; a small
-    # JSON stands in for it here.
-    qwen3_tokenizer = pytest.importorskip("utils.qwen3_tokenizer")
-    monkeypatch.setattr(
-        qwen3_tokenizer, "build_qwen3_tokenizer_json", lambda: '{"fake": true}'
-    )
-    return calls
-
-
 def test_standin_mode_makes_no_request(hosts, tmp_path, capsys, standin_env):
     out = tmp_path / "qwen3"
     first = download_qwen3_small("base", out_dir=out)
@@ -408,14 +344,6 @@ def snapshot(folder: Path) -> dict[str, bytes]:
         if p.is_file()
     }
 
-
-@pytest.fixture
-def standin_env(tmp_path, monkeypatch, tiny_standin_weights):
-    """Stand-in mode with its own cache and files folder."""
-    monkeypatch.setenv("QWEN3_STANDIN", "1")
-    monkeypatch.setenv(standin.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.setenv(standin.DIR_ENV, str(tmp_path / "standin-files"))
-    return tmp_path / "standin-files"
 
 
 def test_standin_call_leaves_real_downloads_alone(
@@ -560,15 +488,6 @@ def test_hub_checkpoint_with_wrong_keys_is_rejected(hosts, payloads, tmp_path):
     assert leftovers(tmp_path) == []
 
 
-def flip_byte_keep_mtime(path: Path) -> None:
-    st = path.stat()
-    data = bytearray(path.read_bytes())
-    data[len(data) // 3] ^= 0xFF
-    path.write_bytes(bytes(data))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert path.stat().st_mtime_ns == st.st_mtime_ns
-
-
 @pytest.mark.parametrize("name", [TOK, MODEL])
 def test_flipped_byte_after_verification_is_caught(hosts, payloads, tmp_path, name):
     hub, cdn, mirror = hosts
@@ -704,49 +623,6 @@ def test_timeout_setting(monkeypatch):
 # --------------------------------------------------------------------------
 # Two processes, one folder; the Hub path across runs; Xet
 # --------------------------------------------------------------------------
-
-CHILD = """
-import sys
-from tests.tiny import tiny_config
-from utils.download import fetch as download
-from utils.download import provenance
-provenance.MODEL_CONFIG = tiny_config()
-provenance.TOKENIZER_VOCAB = int(sys.argv[2])
-if sys.argv[3] == "die-after-transfer":
-    import os
-    provenance.hash_file = lambda path: os._exit(3)
-files = download.download_qwen3_small(
-    "base", tokenizer_only=sys.argv[4] == "tok", out_dir=sys.argv[1]
-)
-print("OK", files.tokenizer, files.model)
-"""
-
-
-def child_env(hub: FakeHost, mirror: FakeHost) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QWEN3_")}
-    env.update(
-        QWEN3_MODEL_STORE=os.environ["QWEN3_MODEL_STORE"],
-        HF_ENDPOINT=hub.url,
-        QWEN3_BACKUP_URL=mirror.url + MIRROR_PREFIX.rstrip("/"),
-        HF_HUB_OFFLINE="0",
-        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
-    )
-    return env
-
-
-def run_child(out: Path, env: dict, mode: str = "", what: str = "all"):
-    import subprocess
-    import sys
-
-    return subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(out), str(VOCAB), mode or "-", what],
-        env=env,
-        cwd=Path(__file__).resolve().parents[1],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
 
 @pytest.mark.slow
 def test_two_processes_share_one_folder(hosts, payloads, tmp_path):
@@ -900,24 +776,6 @@ def quick_stall(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(http_watch, "_STALL_WINDOW", 1.0)
     monkeypatch.setattr(http_watch, "_STALL_MIN_BYTES", 1024)
     monkeypatch.setenv(download.TIMEOUT_ENV, "0.5")  # a byte every 0.1 s passes
-
-
-def said(err: str, by: str = "utils.") -> list[str]:
-    """The lines the `utils` loggers (or the one named `by`) wrote into
-    `err`, without their prefix."""
-    return [
-        line.split(": ", 1)[1]
-        for line in err.splitlines()
-        if line.startswith(by) and ": " in line
-    ]
-
-
-def source_lines(err: str, name: str) -> list[str]:
-    return [line for line in said(err) if line.startswith(f"{name}: ")]
-
-
-def failed_lines(out: str, name: str) -> list[str]:
-    return [line for line in source_lines(out, name) if " failed: " in line]
 
 
 @pytest.mark.parametrize("phase", ["headers", "body"])

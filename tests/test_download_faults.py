@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tests import test_download as base
+from tests.download_helpers import MODEL, TOK, assert_real, child_env, run_child
 from tests.fake_hosts import HUB_PREFIX
-from tests.test_download import MODEL, TOK, assert_real, child_env, run_child
 from utils.download import sources as download_sources
 from utils.download.fetch import download_qwen3_small
 
-hosts, payloads = base.hosts, base.payloads
-tiny_expectations, store = base.tiny_expectations, base.store
+# the tiny content checks and a store of each test's own (conftest.py)
+pytestmark = pytest.mark.usefixtures("tiny_expectations", "store")
 
 
 def partials(folder: Path) -> list[Path]:

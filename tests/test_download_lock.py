@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tests import test_download as base
-from tests.test_download import MODEL, TOK
+from tests.download_helpers import MODEL, TOK
 from utils import linksafe
 from utils.download import lock as download_lock
 from utils.download.fetch import download_qwen3_small
 
-hosts, payloads = base.hosts, base.payloads
-tiny_expectations, store = base.tiny_expectations, base.store
+# the tiny content checks and a store of each test's own (conftest.py)
+pytestmark = pytest.mark.usefixtures("tiny_expectations", "store")
 
 REPO = Path(__file__).resolve().parents[1]
 

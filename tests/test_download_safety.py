@@ -12,17 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from tests import test_download as base
+from tests.download_helpers import MODEL, TOK, assert_real, failed_lines, said
 from tests.fake_hosts import MIRROR_PREFIX
-from tests.test_download import MODEL, TOK, assert_real, failed_lines, said
 from utils.download import fetch as download
 from utils.download import lock as download_lock
 from utils.download import sources as download_sources
 from utils.download.fetch import DownloadError, download_qwen3_small
 
-# the loopback hosts, their files and the tiny content checks (autouse)
-hosts, payloads = base.hosts, base.payloads
-tiny_expectations, store = base.tiny_expectations, base.store
+# the tiny content checks and a store of each test's own (conftest.py)
+pytestmark = pytest.mark.usefixtures("tiny_expectations", "store")
 
 
 def tree(folder: Path) -> dict[str, tuple[bytes | None, int]]:

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import test_download as base
-from tests.fake_hosts import fake_tokenizer_json
-from tests.test_download import (
+from tests.download_helpers import (
     MODEL,
     TOK,
     VOCAB,
@@ -22,6 +20,7 @@ from tests.test_download import (
     flip_byte_keep_mtime,
     said,
 )
+from tests.fake_hosts import fake_tokenizer_json
 from utils import linksafe
 from utils.download import provenance
 from utils.download import sources as download_sources
@@ -29,11 +28,8 @@ from utils.download import store as model_store
 from utils.download.fetch import download_qwen3_small
 from utils.download.provenance import is_verified
 
-# the loopback hosts, their files, the tiny content checks and a store of
-# this test's own (both autouse), stand-in mode with tiny weights
-hosts, payloads = base.hosts, base.payloads
-tiny_expectations, store = base.tiny_expectations, base.store
-standin_env, tiny_standin_weights = base.standin_env, base.tiny_standin_weights
+# the tiny content checks and a store of each test's own (conftest.py)
+pytestmark = pytest.mark.usefixtures("tiny_expectations", "store")
 
 
 def requests_made(hosts) -> int:
@@ -313,12 +309,12 @@ def test_the_documented_benchmark_run_writes_nothing_into_the_repository():
     it needs come from the store, not from a `qwen3/` in the repository."""
     import shlex
 
-    from tests.test_docs_commands import ROOT, _snippets
+    from tests.markdown_text import ROOT, code_snippets
     from utils.benchmark import runner as benchmark
 
     runs = [
         line.split("python -m utils.benchmark", 1)[1]
-        for line in _snippets((ROOT / "README.md").read_text())
+        for line in code_snippets((ROOT / "README.md").read_text())
         if "python -m utils.benchmark --device" in line
     ]
     assert runs
@@ -347,7 +343,7 @@ def planted_store(tmp_path: Path, monkeypatch) -> tuple[Path, bytes]:
     shared.chmod(0o777)
     store = shared / "models"
     store.mkdir()
-    theirs = fake_tokenizer_json(base.VOCAB)
+    theirs = fake_tokenizer_json(VOCAB)
     theirs = theirs + b" " * 7  # other bytes that still pass the content check
     (store / TOK).write_bytes(theirs)
     provenance.write_record(

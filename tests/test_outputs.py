@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_benchmark import tiny_run
+from tests.tiny import tiny_run
 from utils.benchmark import outputs
 from utils.benchmark import runner as benchmark
 from utils.errors import UsageError

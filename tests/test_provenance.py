@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.fake_hosts import fake_checkpoint, fake_tokenizer_json
-from tests.test_structure import find_cycle, graph
+from tests.import_graph import find_cycle, graph
 from tests.tiny import tiny_config
 from utils import models
 from utils.download import provenance, standin

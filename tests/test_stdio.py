@@ -13,10 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tests._view_fixtures import standin_env, standin_files, standin_root
-from tests.test_benchmark import tiny_run
-from tests.test_cli import DRIVER as CLI_DRIVER
-from tests.test_cli import tiny, tiny_cli  # noqa: F401 (fixtures)
+from tests._view_fixtures import (
+    CLI_DRIVER,
+    standin_env,
+    standin_files,
+    standin_root,
+)
+from tests.tiny import tiny_run
 from utils import stdio
 from utils.cli import commands as cli
 from utils.stdio import InputEncodingError, check_input_file, decode_input
@@ -96,7 +99,7 @@ def test_a_redirected_file_is_checked_whole_and_left_where_it_was(
 
 
 def test_a_typed_line_the_terminal_cannot_read_is_skipped(
-    tiny_cli, monkeypatch, capsys  # noqa: F811 (the fixture imported above)
+    tiny_cli, monkeypatch, capsys
 ):
     """At a terminal the reader can type the line again: one line, and the
     chat goes on (a file or a pipe ends it instead: below)."""

@@ -10,7 +10,6 @@ full-width character in any notebook, `*.zh.md` or the README's Chinese part
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import re
 from pathlib import Path
@@ -19,7 +18,11 @@ import nbformat
 import pytest
 
 from tests import book_text
-from tests.markdown_text import breaks_next_to_full_width, chinese_markdown
+from tests.markdown_text import (
+    breaks_next_to_full_width,
+    chart_text_literals,
+    chinese_markdown,
+)
 from utils.plotting import ZH_CHART_TEXT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,22 +206,6 @@ def test_zh_listings_carry_the_editions_captions(n):
     assert sync.strip_comments(body) == sync.strip_comments(
         book_text.typed(block.number)
     )
-
-
-def chart_text_literals(source: str) -> list[str]:
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return []
-    return [
-        node.args[0].value
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and getattr(node.func, "id", getattr(node.func, "attr", None)) == "chart_text"
-        and node.args
-        and isinstance(node.args[0], ast.Constant)
-        and isinstance(node.args[0].value, str)
-    ]
 
 
 def test_every_chart_label_in_the_notebooks_has_a_translation():

@@ -208,7 +208,7 @@ def run_chart_cell(source: str, namespace: dict, labels_first: bool) -> list[str
     `labels_first`: every `chart_text` label of the cell is made once before
     the cell runs (the order that worked before `chart_text` fixed fonts on
     the current figure)."""
-    from tests.test_zh_notebooks import chart_text_literals
+    from tests.markdown_text import chart_text_literals
 
     drawn: list[str] = []
 

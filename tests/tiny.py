@@ -1,5 +1,6 @@
 """A tiny Qwen3 configuration shared by the tests (float32, CPU-fast)."""
 
+import functools
 from typing import Any
 
 import torch
@@ -88,3 +89,34 @@ def skip_if_inductor_cannot_build(compiled: bool) -> None:
 
     if not compiled and os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "default":
         pytest.skip("inductor's C++ does not build with ATEN_CPU_CAPABILITY=default")
+
+
+@functools.cache
+def benchmark_inputs() -> tuple[dict[str, Any], dict, torch.Tensor]:
+    """(config, stand-in weights, prompt) of the benchmark's tiny runs: the
+    tiny config with a vocabulary of 500, made once."""
+    from utils.download.standin import standin_state_dict
+
+    cfg = tiny_config(vocab_size=500)
+    return cfg, standin_state_dict(cfg, 0), torch.tensor([[3, 1, 4, 1, 5]])
+
+
+def tiny_run(modes: list[str], **overrides) -> list[dict]:
+    """run_benchmark on the tiny model: float32, 3 tokens, one repeat, quiet,
+    a 4 MiB read-speed probe; keyword arguments override these."""
+    from utils.benchmark import runner as benchmark
+
+    cfg, state_dict, prompt = benchmark_inputs()
+    kwargs = {
+        "device": "cpu",
+        "dtype": "float32",
+        "max_new_tokens": 3,
+        "repeats": 1,
+        "cfg": cfg,
+        "state_dict": state_dict,
+        "token_ids": prompt,
+        "quiet": True,
+        "bandwidth_bytes": 1 << 22,
+        **overrides,
+    }
+    return benchmark.run_benchmark(modes=modes, **kwargs)

@@ -195,19 +195,6 @@ def build_qwen3_tokenizer_dict(ranks: dict[bytes, int] | None = None) -> dict[st
 
     vocab = {visible(t): r for t, r in sorted(ranks.items(), key=lambda kv: kv[1])}
     merges = [[visible(a), visible(b)] for a, b in recover_merges(ranks)]
-    specials = set(SPECIAL_TOKENS)
-    added = [
-        {
-            "id": len(ranks) + i,
-            "content": name,
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": False,
-            "special": name in specials,
-        }
-        for i, name in enumerate(SPECIAL_TOKENS + NON_SPECIAL_ADDED_TOKENS)
-    ]
     byte_level = {
         "type": "ByteLevel",
         "add_prefix_space": False,
@@ -218,7 +205,7 @@ def build_qwen3_tokenizer_dict(ranks: dict[bytes, int] | None = None) -> dict[st
         "version": "1.0",
         "truncation": None,
         "padding": None,
-        "added_tokens": added,
+        "added_tokens": _added_tokens(first_id=len(ranks)),
         "normalizer": {"type": "NFC"},
         "pre_tokenizer": {
             "type": "Sequence",
@@ -234,18 +221,40 @@ def build_qwen3_tokenizer_dict(ranks: dict[bytes, int] | None = None) -> dict[st
         },
         "post_processor": dict(byte_level),
         "decoder": dict(byte_level),
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": "",
-            "end_of_word_suffix": "",
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": False,
-            "vocab": vocab,
-            "merges": merges,
-        },
+        "model": _bpe_model(vocab, merges),
+    }
+
+
+def _added_tokens(first_id: int) -> list[dict[str, Any]]:
+    """The `added_tokens` entries: the special tokens, then the others."""
+    specials = set(SPECIAL_TOKENS)
+    return [
+        {
+            "id": first_id + i,
+            "content": name,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": name in specials,
+        }
+        for i, name in enumerate(SPECIAL_TOKENS + NON_SPECIAL_ADDED_TOKENS)
+    ]
+
+
+def _bpe_model(vocab: dict[str, int], merges: list[list[str]]) -> dict[str, Any]:
+    """The `model` entry: byte-level BPE with no unknown token, no dropout."""
+    return {
+        "type": "BPE",
+        "dropout": None,
+        "unk_token": None,
+        "continuing_subword_prefix": "",
+        "end_of_word_suffix": "",
+        "fuse_unk": False,
+        "byte_fallback": False,
+        "ignore_merges": False,
+        "vocab": vocab,
+        "merges": merges,
     }
 
 

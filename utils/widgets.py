@@ -247,13 +247,20 @@ class GenerationPanel(_View):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+        self._build_widget(w, prompt, max_new_tokens, int(model.cfg["context_length"]))
+
+    def _build_widget(
+        self, w: Any, prompt: str, max_new_tokens: int, context_length: int
+    ) -> None:
+        """The prompt box, the options, the two buttons, the output and the
+        status line in one box, `self.widget` (`w`: the ipywidgets module)."""
         self.prompt_box = w.Textarea(
             value=prompt, description="Prompt", layout=w.Layout(width="100%")
         )
         self.max_tokens = w.BoundedIntText(
             value=max_new_tokens,
             min=1,
-            max=int(model.cfg["context_length"]),
+            max=context_length,
             description="Max tokens",
         )
         self.cache_box = w.Checkbox(value=True, description="KV cache")

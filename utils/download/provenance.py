@@ -16,7 +16,8 @@ importer of official checkpoints and the commands:
   loader and shape check); the tokenizer is JSON with the Qwen3 vocabulary
   and added tokens; a web page or error message sent instead is named.
 
-Nothing here makes a request or writes a file other than a record.
+Nothing here makes a request or writes a file other than a record or a
+stand-in's sidecar.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ import json
 import os
 import time
 import zipfile
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from utils.fileio import atomic_write_text
+from utils.fileio import atomic_write_bytes, atomic_write_text
 from utils.log import get_logger
 from utils.qwen3_tokenizer import (
     NON_SPECIAL_ADDED_TOKENS,
@@ -77,6 +79,23 @@ def sidecar_path(path: str | os.PathLike) -> Path:
     """The marker file that labels `path` as a stand-in."""
     path = Path(path)
     return path.with_name(path.name + SIDECAR_SUFFIX)
+
+
+def write_sidecar(path: str | os.PathLike, **info: Any) -> None:
+    """Label `path` a stand-in: its sidecar, with `info` (kind, seed, ...)."""
+    record = {
+        "standin": True,
+        "what": "Offline stand-in, NOT the real Qwen3 file. "
+        "Unset QWEN3_STANDIN and download again to get the real one.",
+        **info,
+    }
+    atomic_write_bytes(sidecar_path(path), json.dumps(record, indent=2).encode())
+
+
+def standin_mark(note: str) -> OrderedDict[str, Any]:
+    """The `_metadata` of a stand-in checkpoint: the mark it carries inside
+    (`load_state_dict` ignores it), so a copy without its sidecar is known."""
+    return OrderedDict({MARK_KEY: {"standin": True, "note": note}})
 
 
 def checkpoint_is_marked(path: str | os.PathLike) -> bool:

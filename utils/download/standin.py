@@ -21,7 +21,6 @@ into place.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -94,19 +93,6 @@ def refuse_to_replace_real(path: str | os.PathLike) -> None:
         raise FileExistsError(message)
 
 
-def _write_sidecar(path: Path, info: Mapping[str, Any]) -> None:
-    record = {
-        "standin": True,
-        "what": "Offline stand-in, NOT the real Qwen3 file. "
-        "Unset QWEN3_STANDIN and download again to get the real one.",
-        "format_version": FORMAT_VERSION,
-        **info,
-    }
-    atomic_write_bytes(
-        provenance.sidecar_path(path), json.dumps(record, indent=2).encode()
-    )
-
-
 # --------------------------------------------------------------------------
 # Weights
 # --------------------------------------------------------------------------
@@ -160,7 +146,7 @@ def save_marked_state_dict(
 
     refuse_to_replace_real(path)
     sd = OrderedDict(state_dict)
-    sd._metadata = OrderedDict({provenance.MARK_KEY: {"standin": True, "note": note}})  # type: ignore[attr-defined]
+    sd._metadata = provenance.standin_mark(note)  # type: ignore[attr-defined]
     with atomic_output(path) as tmp:
         torch.save(sd, tmp)
 
@@ -192,7 +178,9 @@ def write_standin_weights(
         atomic_place(cached, path)
     else:
         save_marked_state_dict(standin_state_dict(cfg, seed), path, note)
-    _write_sidecar(path, {"kind": kind, "seed": seed, "file": "weights"})
+    provenance.write_sidecar(
+        path, format_version=FORMAT_VERSION, kind=kind, seed=seed, file="weights"
+    )
     return path
 
 
@@ -215,7 +203,9 @@ def write_standin_tokenizer(path: str | os.PathLike, kind: str = "base") -> Path
     if not cached.is_file():
         atomic_write_bytes(cached, build_qwen3_tokenizer_json().encode("utf-8"))
     atomic_place(cached, path)
-    _write_sidecar(path, {"kind": kind, "file": "tokenizer"})
+    provenance.write_sidecar(
+        path, format_version=FORMAT_VERSION, kind=kind, file="tokenizer"
+    )
     return path
 
 

@@ -262,7 +262,6 @@ def progress_class(
     wrong Content-Length: every try ends short or long), and a server that
     ignores HTTP Range and keeps dropping the connection (the library
     restarts from byte 0 for as long as some bytes arrive each time)."""
-    from huggingface_hub.utils import are_progress_bars_disabled
     from huggingface_hub.utils import tqdm as hub_tqdm
 
     class Progress(hub_tqdm):
@@ -272,16 +271,7 @@ def progress_class(
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             total = kwargs.get("total")
             _check_announced(total, expected)
-            off = kwargs.get("disable") is True or are_progress_bars_disabled(
-                kwargs.get("name")
-            )
-            self._lines = not off and _plain_stream(kwargs.get("file"), type(self))
-            if self._lines:
-                kwargs["disable"] = True
-            self._count = int(kwargs.get("initial") or 0)
-            self._started = time.monotonic()
-            self._ended = False
-            self._label = name or kwargs.get("desc") or "download"
+            _set_up_lines(self, kwargs, name)
             super().__init__(*args, **kwargs)
             if self._lines:
                 self._say(f"downloading {size_str(total)}" if total else "downloading")
@@ -291,12 +281,7 @@ def progress_class(
 
         def update(self, n: float | None = 1) -> bool | None:
             if n is not None and n < 0:  # the library rewinds: a restart
-                self.restarts += 1
-                if self.restarts >= MAX_RESTARTS:
-                    raise IntegrityError(
-                        f"the server ignores HTTP Range and dropped the "
-                        f"connection {self.restarts + 1} times; gave up"
-                    )
+                _count_restart(self)
             if n is not None:
                 self._count += int(n)
                 if watch is not None:
@@ -315,6 +300,34 @@ def progress_class(
             super().close()
 
     return Progress
+
+
+def _set_up_lines(bar: Any, kwargs: dict[str, Any], name: str | None) -> None:
+    """Before tqdm's own __init__: where `bar` would draw on something that
+    is not a terminal (and is not switched off), it logs lines instead and
+    tqdm draws nothing; its count, clock and label for those lines."""
+    from huggingface_hub.utils import are_progress_bars_disabled
+
+    off = kwargs.get("disable") is True or are_progress_bars_disabled(
+        kwargs.get("name")
+    )
+    bar._lines = not off and _plain_stream(kwargs.get("file"), type(bar))
+    if bar._lines:
+        kwargs["disable"] = True
+    bar._count = int(kwargs.get("initial") or 0)
+    bar._started = time.monotonic()
+    bar._ended = False
+    bar._label = name or kwargs.get("desc") or "download"
+
+
+def _count_restart(bar: Any) -> None:
+    """One more restart from byte 0; `MAX_RESTARTS` end the transfer."""
+    bar.restarts += 1
+    if bar.restarts >= MAX_RESTARTS:
+        raise IntegrityError(
+            f"the server ignores HTTP Range and dropped the "
+            f"connection {bar.restarts + 1} times; gave up"
+        )
 
 
 def _check_announced(total: int | None, expected: int | None) -> None:

@@ -281,12 +281,7 @@ def export_hf_folder(
     replaced nor written through: name the folder it points to.
     """
     out_dir = refuse_link(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        if not overwrite:
-            raise FileExistsError(
-                f"{out_dir} already exists and is not empty; choose a new "
-                f"folder or pass overwrite=True."
-            )
+    _refuse_a_full_folder(out_dir, overwrite)
     if isinstance(model_or_state_dict, torch.nn.Module):
         sd = model_or_state_dict.state_dict()
     else:
@@ -299,6 +294,35 @@ def export_hf_folder(
     tied = sd["out_head.weight"].dtype == sd["tok_emb.weight"].dtype and bool(
         torch.equal(sd["out_head.weight"], sd["tok_emb.weight"])
     )
+    files = _json_files(cfg, tied, dtype, bos_token_id, eos_token_id, tok_path)
+    hf_sd = book_to_hf_state_dict(sd, tie_word_embeddings=tied)
+    # Own, contiguous copies on the CPU: safetensors refuses shared storage.
+    hf_sd = {
+        k: v.detach().to(device="cpu", dtype=dtype).contiguous().clone()
+        for k, v in hf_sd.items()
+    }
+    _write_folder(out_dir, files, hf_sd, tok_path)
+    return out_dir
+
+
+def _refuse_a_full_folder(out_dir: Path, overwrite: bool) -> None:
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        if not overwrite:
+            raise FileExistsError(
+                f"{out_dir} already exists and is not empty; choose a new "
+                f"folder or pass overwrite=True."
+            )
+
+
+def _json_files(
+    cfg: Mapping[str, Any],
+    tied: bool,
+    dtype: torch.dtype,
+    bos_token_id: int | None,
+    eos_token_id: int | list[int] | None,
+    tok_path: Path | None,
+) -> dict[str, Any]:
+    """{file name: content} of the folder's JSON files."""
     files: dict[str, Any] = {
         "config.json": hf_config_from_book(
             cfg, tie_word_embeddings=tied, dtype=dtype,
@@ -314,14 +338,7 @@ def export_hf_folder(
         files["tokenizer_config.json"] = _checked_tokenizer_config(
             tok_path, eos_token_id, cfg
         )
-    hf_sd = book_to_hf_state_dict(sd, tie_word_embeddings=tied)
-    # Own, contiguous copies on the CPU: safetensors refuses shared storage.
-    hf_sd = {
-        k: v.detach().to(device="cpu", dtype=dtype).contiguous().clone()
-        for k, v in hf_sd.items()
-    }
-    _write_folder(out_dir, files, hf_sd, tok_path)
-    return out_dir
+    return files
 
 
 def _checked_tokenizer_config(
