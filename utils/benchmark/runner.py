@@ -316,15 +316,10 @@ def run_benchmark(
         token_ids = prompt_token_ids(
             tokenizer_path or _tokenizer_file(out_dir), prompt, dev
         )
-    if prompt_tokens is not None:
-        token_ids = synthetic_prompt(token_ids, prompt_tokens)
-    check_context(book.cfg["context_length"], token_ids.shape[1], max_new_tokens)
+    token_ids = _checked_prompt(book, token_ids, prompt_tokens, max_new_tokens)
     _check_memory(book.cfg, token_ids.shape[1], max_new_tokens, modes, dev)
-    labels = {
-        "standin": standin,
-        "dtype": str(dtype).removeprefix("torch."),
-        "synthetic_prompt": prompt_tokens is not None,
-    }
+    labels = {"standin": standin, "dtype": str(dtype).removeprefix("torch."),
+              "synthetic_prompt": prompt_tokens is not None}  # fmt: skip
     run = _Run(book, token_ids.to(dev), max_new_tokens, repeats, dev, quiet, labels)
     with no_cuda_probe_line():
         return run.all(modes, cold_compile, bandwidth_bytes)
@@ -621,6 +616,14 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
 # ---------------------------------------------------------------------------
 
 
+def _checked_prompt(book, token_ids, prompt_tokens, max_new_tokens) -> torch.Tensor:
+    """The prompt (made `prompt_tokens` long if asked), checked to fit."""
+    if prompt_tokens is not None:
+        token_ids = synthetic_prompt(token_ids, prompt_tokens)
+    check_context(book.cfg["context_length"], token_ids.shape[1], max_new_tokens)
+    return token_ids
+
+
 PROG = "python -m utils.benchmark"
 
 
@@ -659,19 +662,21 @@ def build_parser() -> CommandParser:
         "--verbose", action="store_true", help="also print the wide table (warm-up "
         "cold and cached, read speed and its shares) and the notes",
     )  # fmt: skip
+    _add_file_arguments(p)
+    return p
+
+
+def _add_file_arguments(p: CommandParser) -> None:
+    """The files read and written, and the machine's settings."""
     p.add_argument("--model-path", default=None, help="a book .pth file")
     p.add_argument(
-        "--tokenizer-path",
-        default=None,
-        help="a book tokenizer .json file (default: tokenizer-base.json beside "
-        "--model-path, else downloaded)",
-    )
+        "--tokenizer-path", default=None, help="a book tokenizer .json file "
+        "(default: tokenizer-base.json beside --model-path, else downloaded)",
+    )  # fmt: skip
     p.add_argument(
-        "--out-dir",
-        default=None,
-        help="folder to put the model files in (hard links to the per-user "
-        "model store); default: the store itself",
-    )
+        "--out-dir", default=None, help="folder to put the model files in (hard "
+        "links to the per-user model store); default: the store itself",
+    )  # fmt: skip
     p.add_argument(
         "--json", metavar="PATH", help="write the rows (a file, or /dev/stdout)"
     )
@@ -681,19 +686,13 @@ def build_parser() -> CommandParser:
         "in (.png, .svg, .pdf, ...; PNG without one)"
     )  # fmt: skip
     p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="CPU threads for torch (default: torch's choice); 1 avoids "
-        "thread thrashing on a machine busy with other work",
-    )
+        "--threads", type=int, default=None, help="CPU threads for torch (default: "
+        "torch's choice); 1 avoids thread thrashing on a machine busy with other work",
+    )  # fmt: skip
     p.add_argument(
-        "--warm-cache",
-        action="store_true",
-        help="use torch.compile's usual on-disk cache instead of a fresh one "
-        "(the cold warm-up may then be shorter)",
-    )
-    return p
+        "--warm-cache", action="store_true", help="use torch.compile's usual "
+        "on-disk cache instead of a fresh one (the cold warm-up may then be shorter)",
+    )  # fmt: skip
 
 
 def _check_cli(args) -> list[str] | None:
