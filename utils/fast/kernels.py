@@ -44,8 +44,9 @@ class Kernel:
 
 class Kernels:
     """The loaded kernel library with typed, checked calls (see `get_kernels`):
-    its kernels (`table`); `first[cls]`, the index of a class's reference
-    kernel (the first one: AVX2 or NEON)."""
+    its kernels (`table`, per class best first); `first[cls]`, the index of
+    a class's reference kernel (its kernels_v8.c one, AVX2 or NEON: the
+    class's last), and `kmul[cls]`, the multiple k must be for it."""
 
     def __init__(self, library: build.Library) -> None:
         self.library = library
@@ -60,7 +61,8 @@ class Kernels:
                 e.split(":") for e in entries if e
             )
         )
-        self.first = {k.cls: k.index for k in reversed(self.table)}
+        self.first = {k.cls: k.index for k in self.table}
+        self.kmul = {cls: self.table[i].kmul for cls, i in self.first.items()}
 
     def features(self, bits: int) -> frozenset[str]:
         """The names of the CPU features set in `bits` (the library's order)."""
@@ -78,13 +80,14 @@ class Kernels:
     ) -> Tensor:
         """`torch.cat([w @ x for w in weights])` in one parallel call (q/k/v or
         gate/up at once), in x's dtype: bf16 weights by the fast kernel (or
-        the exact one, k % 64 == 0), int8 weights times `scales` per row.
+        the exact one), int8 weights times `scales` per row; k a multiple
+        of the class's `kmul`.
         `kernel`: that index of the library's table instead of the class's
         reference. ValueError for operands it cannot read; RuntimeError when
         the kernel cannot run (code 1: k or the weights do not fit it; 3:
         the CPU lacks its instructions)."""
         cls = _class_of(weights, scales, exact)
-        problem = _operand_problem(x, weights, scales, 64 if exact else 16)
+        problem = _operand_problem(x, weights, scales, self.kmul[cls])
         if problem is not None:
             raise ValueError(problem)
         index = self.first[cls] if kernel is None else kernel
@@ -119,7 +122,7 @@ class Kernels:
         Errors as `matvec`'s."""
         if _class_of(weights, scales, False) != "int8" or x.dim() != 2:
             raise ValueError("matmul takes x (m, k) and int8 weights with scales")
-        problem = _operand_problem(x[0], weights, scales, 16)
+        problem = _operand_problem(x[0], weights, scales, self.kmul["int8_mm"])
         if problem is not None or not x.is_contiguous():
             raise ValueError(problem or "x must be contiguous")
         index = self.first["int8_mm"] if kernel is None else kernel
@@ -324,7 +327,7 @@ def _eager_exact(x: Tensor, weight: Tensor) -> bool:
     rows, cols = weight.shape
     return (
         x.dtype == weight.dtype
-        and cols % 64 == 0
+        and cols % _LOADED["kernels"].kmul["exact"] == 0
         and bf16_gemv_path(rows, cols) == ATEN_AVX2
     )
 
@@ -341,14 +344,15 @@ def _rows_linear(
     """int8 layers for several rows of x (a prompt): eagerly, the chosen
     multi-row kernel (each row the bits it gets as a decode row); None
     where it does not apply."""
-    index = _LOADED.get("int8_mm")
+    index, kernels = _LOADED.get("int8_mm"), _LOADED["kernels"]
     k = x.shape[-1]
     if index is None or torch.compiler.is_compiling() or x.dtype not in _FLOAT_X:
         return None
-    if _operand_problem(x.new_empty(k), weights, scales, 16) is not None:
+    multiple = kernels.kmul["int8_mm"]
+    if _operand_problem(x.new_empty(k), weights, scales, multiple) is not None:
         return None
     flat = x.reshape(-1, k).contiguous()
-    out = _LOADED["kernels"].matmul(flat, weights, scales, kernel=index)
+    out = kernels.matmul(flat, weights, scales, kernel=index)
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
@@ -366,7 +370,8 @@ def linear(
     if x.numel() != x.shape[-1]:  # several rows
         out = None if scales is None else _rows_linear(x, weights, scales)
         return None if out is None else _split(out, weights)
-    if _operand_problem(x.reshape(-1), weights, scales, 16) is not None:
+    multiple = _LOADED["kernels"].kmul["fast" if scales is None else "int8"]
+    if _operand_problem(x.reshape(-1), weights, scales, multiple) is not None:
         return None
     if torch.compiler.is_compiling():
         if scales is None:
