@@ -211,11 +211,11 @@ def _kernels_for(library: build.Library) -> Kernels:
     return kernels
 
 
-def get_kernels(testing: bool = False) -> Kernels | None:
+def get_kernels(extra: build.Extra | None = None) -> Kernels | None:
     """The compiled kernels, building them on first use; None (after one
     line on stderr saying why) where they cannot be built or loaded.
-    `testing`: the library's test build (for the tests)."""
-    library = build.get_library(testing)
+    `extra`: sources and defines added to the library (`build.Extra`)."""
+    library = build.get_library(extra or build.Extra())
     return None if library is None else _kernels_for(library)
 
 
