@@ -302,9 +302,7 @@ def test_every_environment_variable_the_code_reads_is_a_setting():
         for name in environment_reads(tree)
     }
     assert {n for n, _ in read} >= {"QWEN3_STANDIN", "QWEN3_KERNEL_CACHE"}
-    unknown = sorted(
-        (n, m) for n, m in read if n not in known | {"PYTEST_CURRENT_TEST"}
-    )
+    unknown = sorted((n, m) for n, m in read if n not in known)
     assert not unknown, unknown
 
 
