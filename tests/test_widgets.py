@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from tests._view_fixtures import (
@@ -81,6 +82,7 @@ def test_next_token_view_plain_prints_table(tok, model, capsys):
         assert line.split()[1] == str(tid)
 
 
+@pytest.mark.heavy_under_emulation
 def test_generation_panel_matches_generator(tok, model):
     panel = widgets.generation_panel(model, tok, PROMPT, max_new_tokens=12, plain=False)
     assert isinstance(panel, widgets.GenerationPanel)

@@ -332,6 +332,7 @@ def test_eager_linear_uses_the_kernel_where_the_decision_says(
         calls.clear()
 
 
+@pytest.mark.heavy_under_emulation
 @pytest.mark.parametrize("mkldnn", [True, False], ids=["as-is", "mkldnn-off"])
 def test_eager_linear_gives_torchs_bits_on_every_cpu(kernels, exact_calls, mkldnn):
     """On this machine, at every shape the models use: the kernel is used
