@@ -8,6 +8,8 @@ kernels are built into another one (`QWEN3_KERNEL_CACHE`), and a test that
 downloads for real (from loopback hosts) keeps its files in a third
 (`QWEN3_MODEL_STORE`), not in ~/.cache.
 Inductor's compiled code goes to one folder per `ATEN_CPU_CAPABILITY`.
+`QWEN3_NO_WIDGETS` is set: `utils.widgets` prints plain results, in the
+tests and in the notebook kernels nbval starts.
 """
 
 import gc
@@ -25,6 +27,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Set before any notebook kernel starts, so nbval kernels inherit it too.
     os.environ.setdefault("QWEN3_STANDIN", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ["QWEN3_NO_WIDGETS"] = "1"  # whatever the shell says: plain output
     for var, prefix in (
         ("QWEN3_STANDIN_DIR", "qwen3-standin-files-"),
         ("QWEN3_KERNEL_CACHE", "qwen3-kernels-"),

@@ -93,11 +93,14 @@ def kernels():
 
 @pytest.fixture(scope="session")
 def test_kernels():
-    """The library's test build (utils.fast.build: the same kernels plus
-    tests/fast/csrc's entry points); skips where it cannot be built."""
+    """The library's test build: the same kernels plus tests/fast/csrc's
+    entry points, with the scheduler's hooks (QWEN3_HOOKS, csrc/team.h);
+    skips where it cannot be built."""
     from utils.fast import get_kernels
+    from utils.fast.build import CSRC, Extra
 
-    loaded = get_kernels(testing=True)
+    own = tuple(sorted((Path(__file__).parent / "fast" / "csrc").glob("*.[ch]")))
+    loaded = get_kernels(Extra(own, include_dirs=(CSRC,), defines=("QWEN3_HOOKS",)))
     if loaded is None:
         pytest.skip("the AVX2 kernel cannot be built on this machine")
     return loaded

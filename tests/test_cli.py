@@ -212,6 +212,7 @@ def test_corrupt_files_fail_with_one_line(env, tmp_path, broken, tmp_path_factor
     assert "download" not in proc.stderr
 
 
+@pytest.mark.heavy_under_emulation
 def test_checkpoint_of_another_model_fails_with_one_line(
     tmp_path, capsys, tmp_path_factory
 ):
@@ -276,6 +277,7 @@ def chat_in_process(monkeypatch, capsys, stdin, *args):
     return rc, out, err
 
 
+@pytest.mark.heavy_under_emulation
 def test_generate_in_process_matches_generator(tiny_cli, capsys):
     tok, model, tok_path = tiny_cli
     for flags in ([], ["--no-cache"], ["--reasoning"]):
@@ -302,6 +304,7 @@ def test_generate_in_process_matches_generator(tiny_cli, capsys):
         assert "\nTime: " in err and " tokens/sec\n" in err
 
 
+@pytest.mark.heavy_under_emulation
 def test_int8_flag_quantizes_the_fast_path_only(tiny_cli, capsys):
     from utils.fast import Int8Linear, quantize_int8
 

@@ -115,6 +115,7 @@ def _graphs_for_generation(
     return counters["stats"]["unique_graphs"]
 
 
+@pytest.mark.heavy_under_emulation
 @pytest.mark.slow  # inductor compiles
 def test_book_setting_stops_a_recompile_per_token():
     """With the setting: prompt, first token, then one graph with a symbolic

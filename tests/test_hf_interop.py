@@ -308,6 +308,7 @@ def test_export_in_bfloat16_records_dtype_and_token_ids(tmp_path):
     assert loaded.tie_word_embeddings is True
 
 
+@pytest.mark.heavy_under_emulation
 def test_export_with_tokenizer_loads_in_autotokenizer(tmp_path):
     pytest.importorskip("utils.qwen3_tokenizer")
     from tokenizers import Tokenizer

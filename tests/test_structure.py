@@ -6,6 +6,7 @@ one place that compiles the book's model, functions short enough to read."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tests.import_graph import UTILS, find_cycle, graph, imported, modules
@@ -269,9 +270,7 @@ def test_every_environment_variable_the_code_reads_is_a_setting():
         for name in environment_reads(tree)
     }
     assert {n for n, _ in read} >= {"QWEN3_STANDIN", "QWEN3_KERNEL_CACHE"}
-    unknown = sorted(
-        (n, m) for n, m in read if n not in known | {"PYTEST_CURRENT_TEST"}
-    )
+    unknown = sorted((n, m) for n, m in read if n not in known)
     assert not unknown, unknown
 
 
@@ -308,3 +307,44 @@ def test_no_test_module_imports_another():
                 and any(part.startswith("test_") for part in name.split("."))
             ]
     assert not wrong, wrong
+
+
+def test_no_code_outside_tests_knows_the_tests():
+    """Code under utils/ (Python, C and headers), scripts/ (Python, shell)
+    and ch02/ (Python) knows nothing of the tests: it never names PYTEST or
+    QWEN3_TESTING, and its code (comments and docstrings aside, which may
+    point a reader to a test, as the README and docs do) names no path
+    into tests/ and imports nothing from it. Test hooks come in from the
+    tests (tests/conftest.py, the root conftest.py). pyproject.toml is left
+    out: it is pytest's configuration."""
+
+    def code_only(path: Path) -> str:
+        """The file's code without its comments (and a Python file's
+        docstrings): what runs, not what points a reader somewhere."""
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".py":
+            tree = ast.parse(text)
+            for node in ast.walk(tree):
+                body = getattr(node, "body", None)
+                if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+                    if isinstance(getattr(body[0].value, "value", None), str):
+                        body[0] = ast.Pass()
+            return ast.unparse(tree)  # comments are not in the tree
+        if path.suffix in (".c", ".h"):
+            return re.sub(r"/\*.*?\*/|//[^\n]*", "", text, flags=re.S)
+        return re.sub(r"(^|\s)#.*", r"\1", text, flags=re.M)  # shell
+
+    root = UTILS.parent
+    files = [*UTILS.rglob("*.py"), *UTILS.rglob("*.[ch]"),
+             *root.glob("scripts/*.py"), *root.glob("scripts/*.sh"),
+             *(root / "ch02").rglob("*.py")]  # fmt: skip
+    assert len(files) > 60 and root / "scripts" / "check_arm64.sh" in files
+    names = re.compile(r"PYTEST|QWEN3_TESTING")
+    into_tests = re.compile(r"""(?<![\w.])tests(?:/|\.\w)|["']tests["']""")
+    found = [
+        str(p.relative_to(root))
+        for p in files
+        if names.search(p.read_text(encoding="utf-8"))
+        or into_tests.search(code_only(p))
+    ]
+    assert not found, found

@@ -10,13 +10,13 @@
 
 When widgets cannot be shown, each function prints a plain result instead and
 returns None. Plain mode is used when `plain=True` is passed, when the
-environment variable QWEN3_NO_WIDGETS is 1/true/yes/on, when ipywidgets is not
-installed, when the code does not run inside a Jupyter (ipykernel) kernel,
-e.g. in a script or the terminal IPython, or when PYTEST_CURRENT_TEST is set
-(pytest, and notebook kernels that nbval starts, inherit it). `plain=False`
-forces widgets, e.g. to build them in tests without a browser. A kernel
-cannot tell whether its frontend renders widgets (plain `jupyter nbconvert`
-does not), so set QWEN3_NO_WIDGETS=1 there.
+environment variable QWEN3_NO_WIDGETS is 1/true/yes/on (the test run sets it,
+and the notebook kernels it starts inherit it), when ipywidgets is not
+installed, or when the code does not run inside a Jupyter (ipykernel) kernel,
+e.g. in a script or the terminal IPython. `plain=False` forces widgets, e.g.
+to build them in tests without a browser. A kernel cannot tell whether its
+frontend renders widgets (plain `jupyter nbconvert` does not), so set
+QWEN3_NO_WIDGETS=1 there.
 
 Stopping: the generation panel decodes in a background thread. The cell that
 starts it returns at once, so the kernel is free to handle the Stop click,
@@ -29,7 +29,6 @@ that thread, which ipywidgets supports.
 from __future__ import annotations
 
 import html
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -47,8 +46,6 @@ def widgets_enabled(plain: bool | None = None) -> bool:
     if plain is not None:
         return not plain
     if settings.flag(NO_WIDGETS_ENV):
-        return False
-    if "PYTEST_CURRENT_TEST" in os.environ:
         return False
     try:
         import ipywidgets  # noqa: F401
@@ -291,7 +288,7 @@ class GenerationPanel(_View):
                 self.status,
             ]
         )
-        # Hooks for the browser test (tests/test_browser_widgets.py):
+        # Class names a page's scripts (and the browser test) find them by:
         self.widget.add_class("qwen3-generation-panel")
         self.output.add_class("qwen3-generation-output")
         self.status.add_class("qwen3-generation-status")

@@ -8,6 +8,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from reasoning_from_scratch.qwen3 import KVCache
 
@@ -96,6 +97,7 @@ def test_int8_model_mostly_agrees_and_leaves_book_weights_alone(fast_tiny):
     assert len(tokens(generate(q, PROMPT, 20))[0]) == 20
 
 
+@pytest.mark.heavy_under_emulation
 def test_int8_agreement_figure_on_a_tiny_model():
     cfg = tiny_config(context_length=512, dtype=torch.bfloat16)
     sd = tiny_state_dict(4, cfg)

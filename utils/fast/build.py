@@ -15,8 +15,8 @@ folders nobody else may write either (else another user could swap the
 folder between the check and the load), after its
 SHA-256 matches the record written at build time (`utils.download.provenance`). A
 new build is renamed into place (a mapped library never changes); one
-with another ABI number is rebuilt. `get_library(testing=True)` adds
-`tests/fast/csrc/` with `-DQWEN3_TESTING` (hooks for the tests).
+with another ABI number is rebuilt. A caller may add sources and defines
+(`Extra`): a second library, cached under its own hash.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from utils.errors import first_line
 from utils.log import get_logger
 
 CSRC = Path(__file__).with_name("csrc")
-TEST_CSRC = Path(__file__).parents[2] / "tests" / "fast" / "csrc"
 # -ffp-contract=off: no multiply and add fused unless the code says so
 # (gcc fuses by default on AArch64), so every machine rounds alike
 _FLAGS = ["-O3", "-ffp-contract=off", "-fvisibility=hidden", "-shared", "-fPIC"]
@@ -65,6 +64,17 @@ class Library:
     path: Path
     openmp: bool
     layout: dict[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Extra:
+    """What a caller adds to the library: C sources and headers, compiled
+    and hashed with csrc/'s (the headers' QWEN3_API prototypes bound as
+    api.h's), and include folders and defines (-I, -D) for every source."""
+
+    sources: tuple[Path, ...] = ()
+    include_dirs: tuple[Path, ...] = ()
+    defines: tuple[str, ...] = ()
 
 
 def _ctype(decl: str) -> type | None:
@@ -228,12 +238,12 @@ def parse_layout(text: str) -> dict[str, tuple[str, ...]]:
     }
 
 
-def load(path: Path, testing: bool = False) -> Library:
+def load(path: Path, extra: Extra = Extra()) -> Library:
     """Open the library and bind its entry points; OSError/RuntimeError if
     it is not a library built from csrc/ with this ABI (utils.fast.native
     checks the table layout it reports against its own)."""
     lib = ctypes.CDLL(str(path))
-    headers = [CSRC / "api.h"] + ([TEST_CSRC / "testing.h"] if testing else [])
+    headers = [CSRC / "api.h", *(p for p in extra.sources if p.suffix == ".h")]
     try:
         for header in headers:
             for name, (argtypes, restype) in entry_points(header).items():
@@ -248,9 +258,9 @@ def load(path: Path, testing: bool = False) -> Library:
     return Library(lib, path, openmp=bool(version & 1), layout=layout)
 
 
-def _sources(testing: bool) -> list[Path]:
-    folders = [CSRC, TEST_CSRC] if testing else [CSRC]
-    return sorted(p for f in folders for p in f.iterdir() if p.suffix in (".c", ".h"))
+def _sources(extra: Extra) -> list[Path]:
+    own = sorted(p for p in CSRC.iterdir() if p.suffix in (".c", ".h"))
+    return [*own, *extra.sources]
 
 
 def _run_all(commands: list[list[str]]) -> None:
@@ -275,7 +285,7 @@ def _run_all(commands: list[list[str]]) -> None:
                 proc.wait()
 
 
-def _compile(compiler: str, flags: list[str], cache_dir: Path, testing: bool) -> Path:
+def _compile(compiler: str, flags: list[str], cache_dir: Path, extra: Extra) -> Path:
     """Compile the sources to a fresh file in `cache_dir`; returns its path.
     One compiler per source file, all at once, then one link:
     the first `--fast` run waits for the slowest file, not for their sum."""
@@ -284,13 +294,12 @@ def _compile(compiler: str, flags: list[str], cache_dir: Path, testing: bool) ->
     except OSError as exc:
         raise _no_space(cache_dir, exc) or exc from None
     os.close(fd)
-    extra = ["-DQWEN3_TESTING", f"-I{CSRC}", f"-I{TEST_CSRC}"] if testing else []
     try:
         with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".objects-") as objs:
-            units = [str(p) for p in _sources(testing) if p.suffix == ".c"]
+            units = [str(p) for p in _sources(extra) if p.suffix == ".c"]
             objects = [f"{objs}/{i}.o" for i in range(len(units))]
             commands = [
-                [compiler, *flags, *extra, "-c", unit, "-o", obj]
+                [compiler, *flags, "-c", unit, "-o", obj]
                 for unit, obj in zip(units, objects, strict=True)
             ]
             _run_all(commands)
@@ -303,17 +312,17 @@ def _compile(compiler: str, flags: list[str], cache_dir: Path, testing: bool) ->
 
 
 def _cached_or_fresh(
-    compiler: str, flags: list[str], cache_dir: Path, target: Path, testing: bool
+    compiler: str, flags: list[str], cache_dir: Path, target: Path, extra: Extra
 ) -> Library:
     """The verified library at `target`, else a fresh build renamed there."""
     if verified(target):
         try:
-            return load(target, testing)
+            return load(target, extra)
         except (OSError, RuntimeError):
             pass  # rebuilt below, under a new name, then renamed
-    fresh = _compile(compiler, flags, cache_dir, testing)
+    fresh = _compile(compiler, flags, cache_dir, extra)
     try:
-        library = load(fresh, testing)  # loaded before the rename: never replaced
+        library = load(fresh, extra)  # loaded before the rename: never replaced
         digest = hash_file(fresh)["sha256"]
         os.replace(fresh, target)
         write_record(target, {"sha256": digest, "source": compiler})
@@ -322,7 +331,7 @@ def _cached_or_fresh(
     return Library(library.lib, target, library.openmp, library.layout)
 
 
-def build_and_load(cache_dir: Path, testing: bool = False) -> Library:
+def build_and_load(cache_dir: Path, extra: Extra = Extra()) -> Library:
     """The cached library if it verifies and loads, else a fresh build:
     with OpenMP, or single-threaded where the compiler rejects -fopenmp."""
     compiler = find_compiler()
@@ -334,15 +343,15 @@ def build_and_load(cache_dir: Path, testing: bool = False) -> Library:
     prepare_cache(cache_dir)
     ident = _compiler_id(compiler).encode()
     source = b"\0".join(p.name.encode() + b"\0" + p.read_bytes()
-                        for p in _sources(testing))  # fmt: skip
-    name = "qwen3_kernels_test" if testing else "qwen3_kernels"
+                        for p in _sources(extra))  # fmt: skip
+    added = [f"-I{d}" for d in extra.include_dirs] + [f"-D{d}" for d in extra.defines]
     error: Exception | None = None
     for omp in openmp_flags():
-        flags = [*_FLAGS, *_ISA_FLAGS[machine()], *omp]
+        flags = [*_FLAGS, *_ISA_FLAGS[machine()], *omp, *added]
         key = hashlib.sha256(b"\0".join([source, ident, " ".join(flags).encode()]))
-        target = cache_dir / f"{name}_{key.hexdigest()[:16]}.so"
+        target = cache_dir / f"qwen3_kernels_{key.hexdigest()[:16]}.so"
         try:
-            library = _cached_or_fresh(compiler, flags, cache_dir, target, testing)
+            library = _cached_or_fresh(compiler, flags, cache_dir, target, extra)
         except RuntimeError as exc:
             error = error or exc
             continue
@@ -357,19 +366,19 @@ def build_and_load(cache_dir: Path, testing: bool = False) -> Library:
 
 
 @functools.cache
-def _library_for(cache_dir: str, testing: bool) -> Library | None:
+def _library_for(cache_dir: str, extra: Extra) -> Library | None:
     reason = unsupported_reason()
     if reason is None:
         try:
-            return build_and_load(Path(cache_dir), testing)
+            return build_and_load(Path(cache_dir), extra)
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
             reason = first_line(exc, 400)  # two paths and the fix
     _log.warning("using torch's matmul instead of the C kernels (%s)", reason)
     return None
 
 
-def get_library(testing: bool = False) -> Library | None:
-    """The library for this machine, built on first use (once per cache
-    folder and process); None, after one line on stderr saying why, where
-    it cannot be built or loaded. `testing`: the test build (see above)."""
-    return _library_for(str(kernel_cache_dir()), testing)
+def get_library(extra: Extra = Extra()) -> Library | None:
+    """The library for this machine (with `extra` added), built on first
+    use (once per cache folder and process); None, after one line on
+    stderr saying why, where it cannot be built or loaded."""
+    return _library_for(str(kernel_cache_dir()), extra)

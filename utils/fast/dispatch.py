@@ -1,18 +1,19 @@
-"""Which matrix-vector kernel runs: a small rule table over CPU features.
+"""Which matrix-vector kernel runs: the library's table over CPU features.
 
 The library (`csrc/dispatch.c`) holds a few kernels per class: "exact"
 (bf16 summed in ATen's order, all with the same bits), "fast" (bf16 in a
 free order, within float32's error bound; for compiled graphs) and "int8"
 (all with the first int8 kernel's bits), and "int8_mm", the multi-row
 int8 kernels of a prompt's prefill (each row the int8 reference's bits
-for that row alone). Each class's first kernel (AVX2
-on x86-64, NEON on AArch64: one source, csrc/kernels_v8.c) is its
-reference and runs wherever no rule applies. As in
-ggml-cpu, the CPU's features alone decide (instant, the same on every run,
-testable); the measurements behind each rule are in
-ch02/03_fast-decoding/README.md.
+for that row alone). Its table lists each class's kernels best first,
+each with the CPU features it needs: a class runs the first one this CPU
+has the features for. The class's last, its first kernel (AVX2 on x86-64,
+NEON on AArch64: one source, csrc/kernels_v8.c), is its reference and runs
+wherever no other applies. As in ggml-cpu, the CPU's features alone decide
+(instant, the same on every run, testable); the measurements behind each
+choice are in ch02/03_fast-decoding/README.md.
 
-`QWEN3_KERNEL_VARIANTS` overrides the rules: "default" (the first kernels)
+`QWEN3_KERNEL_VARIANTS` overrides the table's choice: "default" (the first kernels)
 or kernel names (e.g. "int8_avx512vnni_s2"). A kernel other than the
 reference is checked once per process against it on a small problem
 before it runs; one that fails is not used (one line on stderr).
@@ -35,23 +36,14 @@ CLASSES = ("exact", "fast", "int8", "int8_mm")
 ENV = "QWEN3_KERNEL_VARIANTS"
 _log = get_logger(__name__)
 
-# Per class, the first rule whose features the CPU has names the kernel;
-# the class's first kernel where none applies.
-RULES: dict[str, tuple[tuple[frozenset[str], str], ...]] = {
-    "exact": ((frozenset({"avx512"}), "bf16_exact_avx512_xb"),),
-    "fast": (),
-    "int8": ((frozenset({"avx512", "avx512_vnni"}), "int8_avx512vnni_s2"),),
-    "int8_mm": ((frozenset({"avx512", "avx512_vnni"}), "int8_mm_avx512vnni"),),
-}
-
-
 # The class whose first kernel a class's kernels must equal: the multi-row
 # int8 kernels give each row the bits of the int8 (matrix-vector) reference
 REFERENCE_CLASS = {"int8_mm": "int8"}
 
 
 def kernel_table(kernels: Kernels) -> tuple[Kernel, ...]:
-    """Every kernel the library was built with, in its table's order."""
+    """Every kernel the library was built with, in its table's order (per
+    class best first)."""
     return kernels.table
 
 
@@ -63,13 +55,11 @@ def cpu_features(kernels: Kernels) -> frozenset[str]:
 
 
 def rule_choice(cls: str, features: frozenset[str], table: Sequence[Kernel]) -> Kernel:
-    """The kernel of class `cls` the rules pick for a CPU with `features`
-    (a rule naming a kernel the library lacks is skipped)."""
-    by_name = {k.name: k for k in table}
-    for needs, name in RULES[cls]:
-        if needs <= features and name in by_name:
-            return by_name[name]
-    return next(k for k in table if k.cls == cls)
+    """The kernel of class `cls` for a CPU with `features`: the first of
+    the class in `table` (best first) that needs no other features; the
+    class's reference (its last) where none fits."""
+    kernels = [k for k in table if k.cls == cls]
+    return next((k for k in kernels if k.needs <= features), kernels[-1])
 
 
 def _problem(cls: str, gen: torch.Generator):
@@ -168,7 +158,7 @@ def _passes_check(kernels: Kernels, kernel: Kernel) -> bool:
 
 
 def _forced(text: str, chosen: dict[str, Kernel], table, features) -> dict[str, Kernel]:
-    """`chosen` with the kernels `text` names in place of the rules' (one
+    """`chosen` with the kernels `text` names in place of the table's (one
     line on stderr for each name that cannot be used)."""
     known = {k.name: k for k in table}
     for name in (n.strip() for n in text.split(",") if n.strip()):
@@ -190,14 +180,14 @@ def choose(
     setting: str | None = None,
     features: frozenset[str] | None = None,
 ) -> dict[str, Kernel]:
-    """The kernel per class in `classes`: the rules' choice for this CPU (or
+    """The kernel per class in `classes`: the table's choice for this CPU (or
     for `features`, never more than this CPU has: for the tests), unless
     `setting` (None: $QWEN3_KERNEL_VARIANTS) says otherwise; a kernel that
     fails its load-time check gives way to the class's reference."""
     table, have = kernel_table(kernels), cpu_features(kernels)
     features = have if features is None else features & have
     setting = ((settings.text(ENV) if setting is None else setting) or "").strip()
-    if setting == "default":  # the first kernels, as on a CPU with no rule
+    if setting == "default":  # the first kernels, as on a CPU with no features
         features, setting = frozenset(), ""
     chosen = {c: rule_choice(c, features, table) for c in classes}
     if setting:

@@ -44,8 +44,9 @@ class Kernel:
 
 class Kernels:
     """The loaded kernel library with typed, checked calls (see `get_kernels`):
-    its kernels (`table`); `first[cls]`, the index of a class's reference
-    kernel (the first one: AVX2 or NEON)."""
+    its kernels (`table`, per class best first); `first[cls]`, the index of
+    a class's reference kernel (its kernels_v8.c one, AVX2 or NEON: the
+    class's last), and `kmul[cls]`, the multiple k must be for it."""
 
     def __init__(self, library: build.Library) -> None:
         self.library = library
@@ -60,7 +61,8 @@ class Kernels:
                 e.split(":") for e in entries if e
             )
         )
-        self.first = {k.cls: k.index for k in reversed(self.table)}
+        self.first = {k.cls: k.index for k in self.table}
+        self.kmul = {cls: self.table[i].kmul for cls, i in self.first.items()}
 
     def features(self, bits: int) -> frozenset[str]:
         """The names of the CPU features set in `bits` (the library's order)."""
@@ -78,29 +80,18 @@ class Kernels:
     ) -> Tensor:
         """`torch.cat([w @ x for w in weights])` in one parallel call (q/k/v or
         gate/up at once), in x's dtype: bf16 weights by the fast kernel (or
-        the exact one, k % 64 == 0), int8 weights times `scales` per row.
+        the exact one), int8 weights times `scales` per row; k a multiple
+        of the class's `kmul`.
         `kernel`: that index of the library's table instead of the class's
         reference. ValueError for operands it cannot read; RuntimeError when
         the kernel cannot run (code 1: k or the weights do not fit it; 3:
         the CPU lacks its instructions)."""
         cls = _class_of(weights, scales, exact)
-        problem = _operand_problem(x, weights, scales, 64 if exact else 16)
+        problem = _operand_problem(x, weights, scales, self.kmul[cls])
         if problem is not None:
             raise ValueError(problem)
         index = self.first[cls] if kernel is None else kernel
-        y = torch.empty(sum(w.shape[0] for w in weights), dtype=x.dtype)
-        held = _arrays(weights, scales)
-        w_ptrs, s_ptrs, row_array = (a.buffer_info()[0] for a in held)
-        rc = self.lib.qwen3_matvec(
-            index, x.data_ptr(), x.dtype == torch.float32, len(weights),
-            w_ptrs, s_ptrs if scales else None,
-            row_array, y.data_ptr(), y.dtype == torch.float32,
-            weights[0].shape[1],
-            torch.get_num_threads() if threads is None else threads,
-        )  # fmt: skip
-        if rc:
-            raise RuntimeError(f"kernel {index} failed with code {rc}")
-        return y
+        return self._call(self.lib.qwen3_matvec, index, x, (), weights, scales, threads)
 
     def matmul(
         self,
@@ -119,16 +110,23 @@ class Kernels:
         Errors as `matvec`'s."""
         if _class_of(weights, scales, False) != "int8" or x.dim() != 2:
             raise ValueError("matmul takes x (m, k) and int8 weights with scales")
-        problem = _operand_problem(x[0], weights, scales, 16)
+        problem = _operand_problem(x[0], weights, scales, self.kmul["int8_mm"])
         if problem is not None or not x.is_contiguous():
             raise ValueError(problem or "x must be contiguous")
         index = self.first["int8_mm"] if kernel is None else kernel
-        y = torch.empty(x.shape[0], sum(w.shape[0] for w in weights), dtype=x.dtype)
+        m = (x.shape[0],)
+        return self._call(self.lib.qwen3_matmul, index, x, m, weights, scales, threads)
+
+    def _call(self, entry, index, x, m, weights, scales, threads) -> Tensor:
+        """y (*m, n) from the C entry point `entry` (qwen3_matvec, m = (), or
+        qwen3_matmul, m = (rows of x,)); RuntimeError for its error codes."""
+        y = torch.empty(*m, sum(w.shape[0] for w in weights), dtype=x.dtype)
         held = _arrays(weights, scales)
         w_ptrs, s_ptrs, row_array = (a.buffer_info()[0] for a in held)
-        rc = self.lib.qwen3_matmul(
-            index, x.data_ptr(), x.dtype == torch.float32, x.shape[0], len(weights),
-            w_ptrs, s_ptrs, row_array, y.data_ptr(), y.dtype == torch.float32,
+        rc = entry(
+            index, x.data_ptr(), x.dtype == torch.float32, *m, len(weights),
+            w_ptrs, s_ptrs if scales else None,
+            row_array, y.data_ptr(), y.dtype == torch.float32,
             weights[0].shape[1],
             torch.get_num_threads() if threads is None else threads,
         )  # fmt: skip
@@ -208,11 +206,11 @@ def _kernels_for(library: build.Library) -> Kernels:
     return kernels
 
 
-def get_kernels(testing: bool = False) -> Kernels | None:
+def get_kernels(extra: build.Extra | None = None) -> Kernels | None:
     """The compiled kernels, building them on first use; None (after one
     line on stderr saying why) where they cannot be built or loaded.
-    `testing`: the library's test build (for the tests)."""
-    library = build.get_library(testing)
+    `extra`: sources and defines added to the library (`build.Extra`)."""
+    library = build.get_library(extra or build.Extra())
     return None if library is None else _kernels_for(library)
 
 
@@ -307,9 +305,8 @@ def _register_ops() -> None:
     lib = torch.library.Library("qwen3_ch02", "DEF")
     lib.define("matvec(Tensor x, Tensor[] weights) -> Tensor")
     lib.define("matvec_int8(Tensor x, Tensor[] weights, Tensor[] scales) -> Tensor")
-    # Python-level indirection, so a test can count the calls
-    lib.impl("matvec", lambda x, ws: _matvec_impl(x, ws), "CPU")
-    lib.impl("matvec_int8", lambda x, ws, ss: _matvec_impl(x, ws, ss), "CPU")
+    lib.impl("matvec", _matvec_impl, "CPU")
+    lib.impl("matvec_int8", _matvec_impl, "CPU")
     for name in ("matvec", "matvec_int8"):
         torch.library.register_fake(f"qwen3_ch02::{name}", _fake_matvec, lib=lib)
     _LOADED["library"] = lib
@@ -324,7 +321,7 @@ def _eager_exact(x: Tensor, weight: Tensor) -> bool:
     rows, cols = weight.shape
     return (
         x.dtype == weight.dtype
-        and cols % 64 == 0
+        and cols % _LOADED["kernels"].kmul["exact"] == 0
         and bf16_gemv_path(rows, cols) == ATEN_AVX2
     )
 
@@ -341,14 +338,15 @@ def _rows_linear(
     """int8 layers for several rows of x (a prompt): eagerly, the chosen
     multi-row kernel (each row the bits it gets as a decode row); None
     where it does not apply."""
-    index = _LOADED.get("int8_mm")
+    index, kernels = _LOADED.get("int8_mm"), _LOADED["kernels"]
     k = x.shape[-1]
     if index is None or torch.compiler.is_compiling() or x.dtype not in _FLOAT_X:
         return None
-    if _operand_problem(x.new_empty(k), weights, scales, 16) is not None:
+    multiple = kernels.kmul["int8_mm"]
+    if _operand_problem(x.new_empty(k), weights, scales, multiple) is not None:
         return None
     flat = x.reshape(-1, k).contiguous()
-    out = _LOADED["kernels"].matmul(flat, weights, scales, kernel=index)
+    out = kernels.matmul(flat, weights, scales, kernel=index)
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
@@ -366,7 +364,8 @@ def linear(
     if x.numel() != x.shape[-1]:  # several rows
         out = None if scales is None else _rows_linear(x, weights, scales)
         return None if out is None else _split(out, weights)
-    if _operand_problem(x.reshape(-1), weights, scales, 16) is not None:
+    multiple = _LOADED["kernels"].kmul["fast" if scales is None else "int8"]
+    if _operand_problem(x.reshape(-1), weights, scales, multiple) is not None:
         return None
     if torch.compiler.is_compiling():
         if scales is None:

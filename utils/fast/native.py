@@ -118,7 +118,7 @@ class NativeStep:
     """The decode step as one C call for a `StaticQwen3` (a `DecodeStep`);
     other batches, and a model set to `use_cpu_matvec(False)`, take the
     eager step. `kernels` forces kernels as $QWEN3_KERNEL_VARIANTS does
-    (None: that variable, else the rules' choice, `utils.fast.dispatch`).
+    (None: that variable, else the table's choice, `utils.fast.dispatch`).
     It reads (and keeps alive) the weights the model had when it was made,
     first moved onto 2 MB pages where Linux has them (in place:
     `utils.fast.hugepages`); a FastQwen3 renews or drops it when they are

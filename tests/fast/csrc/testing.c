@@ -1,7 +1,7 @@
 /* The test build's entry points (testing.h) and the scheduler's hooks
-   (team.h), compiled with -DQWEN3_TESTING together with the library's own
-   sources by utils/fast/build.py's test build. The reader's library has
-   none of this. */
+   (team.h), compiled with -DQWEN3_HOOKS together with the library's own
+   sources (tests/conftest.py passes this folder to utils.fast.build). The
+   reader's library has none of this. */
 
 #include <stdlib.h>
 #include <time.h>
@@ -10,23 +10,23 @@
 #include "team.h"
 #include "testing.h"
 
-extern int test_cpu_limit; /* dispatch.c */
+extern int cpu_feature_limit; /* dispatch.c */
 
 static long stolen;  /* passes taken from the back since the last read */
 static int stall_us; /* the last thread's delay */
 
-void test_count_stolen(long passes) {
+void hook_count_stolen(long passes) {
     __atomic_fetch_add(&stolen, passes, __ATOMIC_RELAXED);
 }
 
-void test_stall(int t, int nt) {
+void hook_stall(int t, int nt) {
     if (!stall_us || nt < 2 || t != nt - 1) return;
     const struct timespec ts = {stall_us / 1000000, stall_us % 1000000 * 1000L};
     nanosleep(&ts, NULL);
 }
 
 int qwen3_test_limit_cpu_features(int mask) {
-    test_cpu_limit = mask;
+    cpu_feature_limit = mask;
     return cpu_features();
 }
 

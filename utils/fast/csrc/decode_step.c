@@ -244,7 +244,7 @@ static void attention(const step_dims *d, const void *const *q,
     const int shared = nt > 1 && len * H * D >= (1L << 12);
     const long g0 = shared ? G * t / nt : (t ? G : 0);
     const long g1 = shared ? G * (t + 1) / nt : G;
-    test_stall(ln->mc.tm.t, ln->mc.tm.nt);
+    hook_stall(ln->mc.tm.t, ln->mc.tm.nt);
     for (long g = g0; g < g1; ++g)
         attend_kv_group(d, q, b, b->y[0], g, len, g + 1 < g1);
     team_barrier(&ln->mc.tm);
@@ -259,7 +259,7 @@ static void feed_forward(const step_dims *d, const void *const *q,
     const long E = d->E, F = d->F, t = ln->mc.tm.t, nt = ln->mc.tm.nt;
     rmsnorm(ln->x, E, q[L_NORM2], d->eps, ln->hin);
     mv_gate_up(d, q, &ln->mc, ln->hin, b->y[0]);
-    test_stall(t, nt);
+    hook_stall(t, nt);
     swiglu(b->y[0], b->y[0] + F, F / 8 * t / nt * 8, F / 8 * (t + 1) / nt * 8,
            b->act);
     team_barrier(&ln->mc.tm);

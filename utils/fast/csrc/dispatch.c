@@ -5,7 +5,7 @@
    OS saves their registers; on AArch64 the OS says (Linux: HWCAP, macOS:
    sysctl). A kernel whose instructions are missing is refused here (an
    error code, never an illegal instruction). Which kernel of a class
-   runs is a rule of utils/fast/dispatch.py, read off these features. */
+   runs follows from these features and the table below. */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,37 +71,38 @@ static int detect_features(void) {
 #endif
 #endif
 
-#ifdef QWEN3_TESTING
-int test_cpu_limit = -1; /* tests/fast/csrc/testing.c may lower it */
+#ifdef QWEN3_HOOKS
+int cpu_feature_limit = -1; /* a hooks' source may lower it (team.h) */
 #else
-#define test_cpu_limit (-1)
+#define cpu_feature_limit (-1)
 #endif
 
 int cpu_features(void) {
     static int detected = -1;
     if (detected < 0) detected = detect_features();
-    return detected & test_cpu_limit;
+    return detected & cpu_feature_limit;
 }
 
-/* Per class its kernels_v8.c kernel first: the reference of the class and
-   what runs wherever nothing else applies */
+/* Per class best first: a class runs its first kernel whose features the
+   CPU has (utils/fast/dispatch.py reads this table); its last, the
+   kernels_v8.c kernel, is its reference and runs wherever no other can */
 static const kernel KERNELS[] = {
-    {"bf16_exact_" VEC8_ISA, {rows_bf16_exact, 4}, NULL, CLASS_EXACT, CPU_BASE, 64},
 #ifdef QWEN3_AVX512
     {"bf16_exact_avx512_xb", {rows_exact_512_xb, 1}, x_to_bf16, CLASS_EXACT,
      CPU_BASE | CPU_AVX512, 64},
 #endif
+    {"bf16_exact_" VEC8_ISA, {rows_bf16_exact, 4}, NULL, CLASS_EXACT, CPU_BASE, 64},
     {"bf16_fast_" VEC8_ISA, {rows_bf16, 4}, permute16, CLASS_FAST, CPU_BASE, 16},
-    {"int8_" VEC8_ISA, {rows_i8q, 4}, NULL, CLASS_INT8, CPU_BASE, 16},
 #ifdef QWEN3_AVX512
     {"int8_avx512vnni_s2", {rows_i8q_vnni_s2, 2}, NULL, CLASS_INT8,
      CPU_BASE | CPU_AVX512 | CPU_AVX512_VNNI, 64},
 #endif
-    {"int8_mm_" VEC8_ISA, {rows_i8mm, 4}, NULL, CLASS_INT8_MM, CPU_BASE, 16},
+    {"int8_" VEC8_ISA, {rows_i8q, 4}, NULL, CLASS_INT8, CPU_BASE, 16},
 #ifdef QWEN3_AVX512
     {"int8_mm_avx512vnni", {rows_i8mm_vnni, 4}, NULL, CLASS_INT8_MM,
      CPU_BASE | CPU_AVX512 | CPU_AVX512_VNNI, 32},
 #endif
+    {"int8_mm_" VEC8_ISA, {rows_i8mm, 4}, NULL, CLASS_INT8_MM, CPU_BASE, 16},
 };
 #define N_KERNELS ((int)(sizeof KERNELS / sizeof KERNELS[0]))
 
@@ -120,15 +121,15 @@ const kernel *kernel_for(int i, int cls, int *why) {
     return &KERNELS[i];
 }
 
-static const kernel *first_of(int cls) {
-    for (int i = 0; i < N_KERNELS; ++i)
+static const kernel *reference_of(int cls) {
+    for (int i = N_KERNELS - 1; i >= 0; --i)
         if (KERNELS[i].cls == cls) return &KERNELS[i];
     return NULL; /* not reached: every class has its kernels_v8.c kernel */
 }
 
 const kernel *kernel_fitting(const kernel *v, long k) {
     if (k % v->kmul == 0) return v;
-    return first_of(v->cls == CLASS_EXACT ? CLASS_FAST : v->cls);
+    return reference_of(v->cls == CLASS_EXACT ? CLASS_FAST : v->cls);
 }
 
 /* ---- entry points (api.h) ------------------------------------------- */

@@ -6,8 +6,8 @@
    summation order) and "int8", within float32's error bound for "fast".
    The fourth, "int8_mm" (kernels_mm.c), takes several rows of x at once
    and gives each the bits the int8 class gives it alone.
-   Which kernel of a class runs is chosen by CPU features
-   (utils/fast/dispatch.py). */
+   Which kernel of a class runs is chosen by CPU features (dispatch.c's
+   table, best first). */
 #ifndef QWEN3_KERNELS_H
 #define QWEN3_KERNELS_H
 
@@ -113,8 +113,9 @@ int cpu_features(void);
    this CPU; else NULL, with *why 1 (no such kernel, other class) or 3
    (the CPU lacks its instructions) */
 const kernel *kernel_for(int i, int cls, int *why);
-/* The kernel a call with k columns runs: v, or its class's first kernel
-   when k is not a multiple of v's kmul (bf16: the fast class's) */
+/* The kernel a call with k columns runs: v, or its class's reference
+   (kernels_v8.c) when k is not a multiple of v's kmul (bf16: the fast
+   class's) */
 const kernel *kernel_fitting(const kernel *v, long k);
 /* y (m, sum n) = x (m rows of k) times a group's int8 weights transposed
    with the multi-row kernel v (kernels_mm.c): each row of y has the bits

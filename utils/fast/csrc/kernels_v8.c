@@ -217,8 +217,8 @@ void rows_bf16_exact(const float *xn, const void *wv, const float *unused,
 
 /* x ~= xs * qx with xs = max|x| / 32767: each x * (32767 / max|x|)
    rounded to nearest even and clamped to +-32767, eight
-   at a time; the plain loop it replaced is quantize_x_reference in
-   tests/fast/csrc/step_reference.c (the tests compare their bits). */
+   at a time; the tests compare its bits with the plain loop it replaced
+   (quantize_x_reference). */
 int quantize_x(const float *x, long k, int16_t *qx) {
     const f8 big = f8_set1(3.4028235e38f);
     f8 m = f8_zero();

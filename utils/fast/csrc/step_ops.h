@@ -2,7 +2,7 @@
    attention, SwiGLU, residual adds, argmax (step_ops.c, on vec8.h's lanes). Values are
    rounded to bf16 where the book's bf16 model rounds; the float32 sums
    inside run in their own order. The tests compare each with its first,
-   plain form (tests/fast/csrc/step_reference.c) bit for bit. */
+   plain form (their step_reference.c) bit for bit. */
 #ifndef QWEN3_STEP_OPS_H
 #define QWEN3_STEP_OPS_H
 

@@ -73,7 +73,7 @@ static long take(uint64_t *left, long want, int back, long *j0) {
                    : (uint64_t)(f + m) << 32 | (uint64_t)b;
     } while (!__atomic_compare_exchange_n(left, &old, now, 1, __ATOMIC_RELAXED,
                                           __ATOMIC_RELAXED));
-    if (back) test_count_stolen(m);
+    if (back) hook_count_stolen(m);
     return m;
 }
 
@@ -173,7 +173,7 @@ int run(const row_kernel *rk, const float *xv, const group *g, void *y,
     #pragma omp parallel num_threads(p.threads)
     {
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        test_stall(t, nt);
+        hook_stall(t, nt);
         share(&p, t, nt);
     }
 #endif
@@ -257,7 +257,7 @@ static void fill_once(const product *p, passes_left *sync, long seq) {
 #endif
 
 /* Every thread counts its products in tm->seq, so all agree which product
-   is which; a thread late to the next product (test_stall) is still
+   is which; a thread late to the next product (hook_stall) is still
    inside the barrier's guarantees */
 void team_product(const row_kernel *rk, const float *xv, const group *g,
                   void *y, int y_f32, long k, team *tm) {
@@ -274,7 +274,7 @@ void team_product(const row_kernel *rk, const float *xv, const group *g,
 #endif
     }
     team_barrier(tm);
-    test_stall(tm->t, tm->nt); /* late to read y and to the next product */
+    hook_stall(tm->t, tm->nt); /* late to read y and to the next product */
 }
 
 void int8_group(const float *xn, const group *g, void *y, int y_f32, long k,

@@ -55,15 +55,15 @@ void team_int8_group(const float *xn, const group *g, void *y, int y_f32,
    thread keeping it for a whole time slice. */
 void team_barrier(team *tm);
 
-/* The test build's hooks (tests/fast/csrc/testing.c): a count of the
-   passes taken from another thread's share, and a delay of the last
-   thread; in the reader's library they compile to nothing */
-#ifdef QWEN3_TESTING
-void test_count_stolen(long passes);
-void test_stall(int t, int nt);
+/* The scheduler's hooks in a build with -DQWEN3_HOOKS and a source that
+   defines them (utils/fast/build.py's Extra): a count of the passes taken
+   from another thread's share, a delay of the last thread; else nothing */
+#ifdef QWEN3_HOOKS
+void hook_count_stolen(long passes);
+void hook_stall(int t, int nt);
 #else
-#define test_count_stolen(passes) ((void)0)
-#define test_stall(t, nt) ((void)0)
+#define hook_count_stolen(passes) ((void)0)
+#define hook_stall(t, nt) ((void)0)
 #endif
 
 #endif
