@@ -539,6 +539,7 @@ def test_the_steps_team_gives_one_threads_bits_with_a_late_thread(
     late (its passes then taken from the back by the first; the test
     build's hooks), the logits and the next token are the same bits."""
     import utils.fast.native as native_module
+    import utils.fast.threads
 
     monkeypatch.setattr(native_module, "get_kernels", lambda: test_kernels)
     model = native(tiny_state_dict(14, SPLIT), SPLIT)
@@ -546,11 +547,14 @@ def test_the_steps_team_gives_one_threads_bits_with_a_late_thread(
         model = quantize_int8(model)
         assert model.use_native_step() and model.decode_native()
     lib = test_kernels.lib
+    # each count pinned: the step's own choice may take one thread where two
+    # are slower (under emulation), and then no pass is ever stolen
+    monkeypatch.setattr(utils.fast.threads, "_pinned", None)
     threads = torch.get_num_threads()
     runs, stolen = [], []
     try:
         for n, late_us in ((1, 0), (2, 0), (2, 2000)):
-            torch.set_num_threads(n)
+            utils.fast.threads.pin_step_threads(n)  # torch's count too
             model.setup_cache(1, 40)
             prefill(model, torch.arange(1, 31).view(1, -1))
             lib.qwen3_test_stolen_passes(late_us)
