@@ -218,9 +218,7 @@ def _parser():
         prog="busy_machine.py",
         description="Decoding speed with N busy processes of its own running.",
     )
-    p.add_argument(
-        "--busy", type=int, default=1, help="busy processes to start"
-    )
+    p.add_argument("--busy", type=int, default=1, help="busy processes to start")
     p.add_argument("--max-new-tokens", type=int, default=40, help="tokens per timing")
     p.add_argument("--rounds", type=int, default=2, help="rounds")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated modes")
