@@ -906,7 +906,7 @@ def test_sigint_in_a_real_process_prints_the_finished_modes(tmp_path):
         if line.strip() == "READY":
             break
     proc.send_signal(signal.SIGINT)
-    out, rest = proc.communicate(timeout=120)
+    out, rest = proc.communicate(timeout=300)  # a loaded machine is slow
     assert proc.returncode == 130, "".join(err) + rest
     assert [c[0] for c in _table_rows(out)] == ["kv_cache"]
     assert "interrupted after 1 of 2 modes" in rest

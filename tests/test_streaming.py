@@ -227,7 +227,7 @@ def test_fast_compile_without_the_native_step_compiles_the_block_once(
         got = streamer.stream(torch.tensor([ids]), 8, compile=True, fast=True)
         assert [int(t) for t in got] == eager
     assert compiles == [{"scope": "block"}]
-    fast = streamer._fast["fast_fastest"]  # the registry's path for the switches
+    fast = streamer.built_for("fast_fastest")  # the registry's path for the switches
     assert fast.compile_scope == "block" and fast.decode_compiled()
     err = capsys.readouterr().err
     assert err.count("the compiled block (native step off: test)") == 1

@@ -157,6 +157,10 @@ class GreedyStreamer:
                 self.model = built
         return self._built[path.build]
 
+    def built_for(self, name: str) -> Any:
+        """What the way to generate `name` has built so far (None: nothing)."""
+        return self._built.get(get_generation_path(name).build)
+
     def stream(
         self,
         token_ids: torch.Tensor,

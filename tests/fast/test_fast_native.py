@@ -308,7 +308,7 @@ def test_cli_streamer_uses_the_native_step_for_fast(capsys):
     want = tokens(generate(eager, PROMPT, 12))[0]
     streamer = GreedyStreamer(book)
     got = list(streamer.stream(PROMPT, 12, fast=True))
-    assert streamer._fast["fast_native"].decode_native()
+    assert streamer.built_for("fast_native").decode_native()
     out = capsys.readouterr()
     assert not out.out
     assert "fast_native: the native step, one C call per token" in out.err
@@ -325,7 +325,7 @@ def test_int8_streamer_runs_the_native_int8_step(capsys):
     want = tokens(generate(eager, PROMPT, 12))[0]
     streamer = GreedyStreamer(book, int8=True)
     got = list(streamer.stream(PROMPT, 12, fast=True))
-    fast = streamer._fast["fast_native_int8"]
+    fast = streamer.built_for("fast_native_int8")
     assert fast.decode_native()
     assert isinstance(fast.trf_blocks[0].ff.fc1, Int8Linear)
     assert "weight-only int8" in capsys.readouterr().err
