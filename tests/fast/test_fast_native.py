@@ -535,9 +535,10 @@ def test_the_steps_team_gives_one_threads_bits_with_a_late_thread(
 ):
     """The whole step is one parallel region: the products, the kv groups
     and the SwiGLU are shared out, the rest done by every thread. With one
-    thread, two, and two of which the second reaches every product 2 ms
+    thread, two, and two of which the second reaches every product 20 ms
     late (its passes then taken from the back by the first; the test
-    build's hooks), the logits and the next token are the same bits."""
+    build's hooks; 2 ms was not late enough under qemu's emulation), the
+    logits and the next token are the same bits."""
     import utils.fast.native as native_module
     import utils.fast.threads
 
@@ -548,12 +549,12 @@ def test_the_steps_team_gives_one_threads_bits_with_a_late_thread(
         assert model.use_native_step() and model.decode_native()
     lib = test_kernels.lib
     # each count pinned: the step's own choice may take one thread where two
-    # are slower (under emulation), and then no pass is ever stolen
+    # are slower, and then no pass is ever stolen
     monkeypatch.setattr(utils.fast.threads, "_pinned", None)
     threads = torch.get_num_threads()
     runs, stolen = [], []
     try:
-        for n, late_us in ((1, 0), (2, 0), (2, 2000)):
+        for n, late_us in ((1, 0), (2, 0), (2, 20000)):
             utils.fast.threads.pin_step_threads(n)  # torch's count too
             model.setup_cache(1, 40)
             prefill(model, torch.arange(1, 31).view(1, -1))
