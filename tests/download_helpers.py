@@ -56,7 +56,10 @@ def failed_lines(out: str, name: str) -> list[str]:
 
 
 CHILD = """
-import sys
+import signal, sys
+# Ctrl-C as in a reader's shell, whatever the test run left ignored (an
+# ignored SIGINT is inherited across exec, and Python then keeps ignoring it)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from tests.tiny import tiny_config
 from utils.download import fetch as download
 from utils.download import provenance

@@ -869,7 +869,9 @@ def test_ctrl_c_before_any_mode_finished_writes_nothing(monkeypatch, tmp_path, c
 
 
 SIGINT_DRIVER = r"""
-import functools, sys, time
+import functools, signal, sys, time
+# Ctrl-C as in a reader's shell, whatever the test run left ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import torch
 from tests.tiny import tiny_config
 from utils.benchmark import runner as benchmark
