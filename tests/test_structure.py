@@ -129,8 +129,9 @@ def test_c_functions_are_short_enough_to_read():
 MAX_MODULE_LINES = 800
 # 4,000 for the x86-64 engine (#44), plus about 300 for the second
 # instruction set (#47): vec8.h's NEON half, AArch64's CPU features, the
-# per-architecture build; 4,900 for the multi-row kernels of prefill (#54)
-MAX_ENGINE_LINES = 4900
+# per-architecture build; 4,900 for the multi-row kernels of prefill (#54);
+# 4,930 for the fused prefill of the native and int8 paths (#54: 1.3x prefill)
+MAX_ENGINE_LINES = 4930
 ENGINE = UTILS / "fast"
 
 

@@ -4,7 +4,8 @@ A laptop is rarely idle. This script starts `--busy N` CPU-bound processes
 of its own (each a Python loop; they end when the script ends, also on
 Ctrl-C or an error, and by themselves if it is killed), then times
 decoding in each mode with the default thread setting, `--threads 1` and
-`--threads <cores>`, and prints one table of decode tok/s:
+`--threads <cores>`, and prints one table of decode tok/s (and, with
+`--prompt-tokens N`, one of the prefill's tok/s for a prompt of N tokens):
 
     QWEN3_STANDIN=1 uv run python ch02/03_fast-decoding/busy_machine.py --busy 1
 
@@ -83,20 +84,23 @@ def _pin(threads: int | None, default: int) -> None:
     pin_step_threads(threads)
 
 
-def _time_book(model: Any, ids: Any, n: int) -> float:
-    """Decode tok/s of the book's KV-cache generator (after its first token)."""
+def _time_book(model: Any, ids: Any, n: int) -> tuple[float, float]:
+    """(Prefill tok/s, decode tok/s) of the book's KV-cache generator: its
+    first token, then the rest."""
     from reasoning_from_scratch.ch02 import generate_text_basic_stream_cache
 
+    start = time.perf_counter()
     stream = generate_text_basic_stream_cache(model, ids, n + 1)
     next(stream)
-    start = time.perf_counter()
+    first = time.perf_counter()
     count = sum(1 for _ in stream)
-    return count / (time.perf_counter() - start)
+    return ids.shape[1] / (first - start), count / (time.perf_counter() - first)
 
 
-def _time_fast(model: Any, ids: Any, n: int) -> float:
-    """Decode tok/s of a fast model (after its first token), with a fresh
-    native step (and so a fresh choice of threads) where it has one."""
+def _time_fast(model: Any, ids: Any, n: int) -> tuple[float, float]:
+    """(Prefill tok/s, decode tok/s) of a fast model: its first token, then
+    the rest, with a fresh native step (and so a fresh choice of threads)
+    where it has one."""
     import torch
 
     from utils.fast import decode_one_token, prefill
@@ -105,12 +109,13 @@ def _time_fast(model: Any, ids: Any, n: int) -> float:
         model.use_native_step()
     model.setup_cache(1, ids.shape[1] + n + 1)
     with torch.inference_mode():
-        token, _ = prefill(model, ids)
-        pos = ids.shape[1]
         start = time.perf_counter()
+        token, _ = prefill(model, ids)
+        first = time.perf_counter()
+        pos = ids.shape[1]
         for i in range(n):
             token, _ = decode_one_token(model, token, torch.tensor([pos + i]))
-    return n / (time.perf_counter() - start)
+    return ids.shape[1] / (first - start), n / (time.perf_counter() - first)
 
 
 def _models(modes: list[str]) -> dict[str, tuple[Any, Any]]:
@@ -131,18 +136,34 @@ def _models(modes: list[str]) -> dict[str, tuple[Any, Any]]:
     }  # fmt: skip
 
 
-def worker(spec: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """{mode: {setting: tok/s}}, each setting in spec's order timing every
-    mode in turn."""
+def prompt_ids(prompt_tokens: int) -> Any:
+    """The timed prompt: PROMPT, or a synthetic one of `prompt_tokens` ids."""
+    import torch
+
+    if not prompt_tokens:
+        return torch.tensor([PROMPT])
+    return (torch.arange(prompt_tokens) * 7919 % 20000 + 100).unsqueeze(0)
+
+
+def worker(spec: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """{"decode" / "prefill": {mode: {setting: tok/s}}}, each setting in
+    spec's order timing every mode in turn (a first, untimed prefill per
+    mode and setting when the prompt is long: the prefill is one call)."""
     import torch
 
     default = torch.get_num_threads()
-    models, ids = _models(spec["modes"]), torch.tensor([PROMPT])
-    speeds: dict[str, dict[str, float]] = {mode: {} for mode in models}
+    models = _models(spec["modes"])
+    ids = prompt_ids(spec.get("prompt_tokens", 0))
+    speeds: dict[str, dict[str, dict[str, float]]] = {
+        kind: {mode: {} for mode in models} for kind in ("prefill", "decode")
+    }
     for setting in spec["settings"]:
         _pin(None if setting == "default" else int(setting), default)
         for mode, (model, timer) in models.items():
-            speeds[mode][setting] = timer(model, ids, spec["tokens"])
+            if spec.get("prompt_tokens"):
+                timer(model, ids, 2)  # warm: the first call of a shape
+            got = timer(model, ids, spec["tokens"])
+            speeds["prefill"][mode][setting], speeds["decode"][mode][setting] = got
     return speeds
 
 
@@ -162,34 +183,41 @@ def run_worker(code: Path | None, spec: dict[str, Any]) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+Results = dict[tuple[str, str], dict[str, list[float]]]
+
+
 def measure(
     codes: dict[str, Path | None],
     modes: list[str],
     settings: list[str],
     tokens: int,
     rounds: int,
-) -> dict[tuple[str, str], dict[str, list[float]]]:
-    """{(code label, mode): {setting: [tok/s per round]}}; the codes'
-    order and the settings' order change from round to round."""
-    results: dict[tuple[str, str], dict[str, list[float]]] = {}
+    prompt_tokens: int = 0,
+) -> dict[str, Results]:
+    """{"decode" / "prefill": {(code label, mode): {setting: [tok/s per
+    round]}}}; the codes' order and the settings' order change from round
+    to round."""
+    results: dict[str, Results] = {"prefill": {}, "decode": {}}
     for r in range(rounds):
         order = settings[r % len(settings) :] + settings[: r % len(settings)]
         for label in list(codes)[::-1] if r % 2 else list(codes):
             print(f"round {r + 1}/{rounds}: {label} ...", file=sys.stderr)
-            spec = {"modes": modes, "settings": order, "tokens": tokens}
-            for mode, got in run_worker(codes[label], spec).items():
-                cell = results.setdefault((label, mode), {})
-                for setting, speed in got.items():
-                    cell.setdefault(setting, []).append(speed)
+            spec = {"modes": modes, "settings": order, "tokens": tokens,
+                    "prompt_tokens": prompt_tokens}  # fmt: skip
+            for kind, speeds in run_worker(codes[label], spec).items():
+                for mode, got in speeds.items():
+                    cell = results[kind].setdefault((label, mode), {})
+                    for setting, speed in got.items():
+                        cell.setdefault(setting, []).append(speed)
     return results
 
 
 def table(
-    results: dict[tuple[str, str], dict[str, list[float]]],
-    settings: list[str],
-    busy: int,
+    results: Results, settings: list[str], busy: int, what: str = "decode"
 ) -> str:
-    """The results as a markdown table (medians over the rounds)."""
+    """The results as a markdown table: medians over the rounds, each with
+    its spread (half the range, as a share of the median) when there were
+    several rounds."""
     names = {"default": "default threads"} | {
         s: f"`--threads {s}`" for s in settings if s != "default"
     }
@@ -197,18 +225,26 @@ def table(
     if "default" in settings and len(settings) > 1:
         head.append("default / best fixed")
     lines = [
-        f"{busy} busy process(es); decode tok/s, median of the rounds",
+        f"{busy} busy process(es); {what} tok/s, median of the rounds",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
     for (label, mode), cell in results.items():
         med = {s: statistics.median(cell[s]) for s in settings}
-        row = [label, f"`{mode}`", *(f"{med[s]:.2f}" for s in settings)]
+        row = [label, f"`{mode}`", *(_cell(cell[s], med[s]) for s in settings)]
         if len(head) > len(settings) + 2:
             best = max(v for s, v in med.items() if s != "default")
             row.append(f"{med['default'] / best:.2f}")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)  # fmt: skip
+
+
+def _cell(values: list[float], median: float) -> str:
+    """'12.34' for one round, '12.34 ±5%' for several."""
+    if len(values) < 2:
+        return f"{median:.2f}"
+    spread = (max(values) - min(values)) / 2 / median if median else 0.0
+    return f"{median:.2f} ±{spread:.0%}"
 
 
 def _parser():
@@ -224,6 +260,8 @@ def _parser():
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated modes")
     p.add_argument("--threads", default=None, help="settings to time, e.g. "
                    "default,1,2 (default: default, 1 and the core count)")  # fmt: skip
+    p.add_argument("--prompt-tokens", type=int, default=0,
+                   help="also time the prefill of a prompt of N tokens")  # fmt: skip
     p.add_argument("--code", type=Path, action="append", default=[],
                    help="another checkout of this repository, timed too")  # fmt: skip
     return p
@@ -237,6 +275,8 @@ def _check(args) -> list[str]:
         raise UsageError("--busy must be between 0 and 64")
     if args.max_new_tokens < 2 or args.rounds < 1:
         raise UsageError("--max-new-tokens must be at least 2 and --rounds at least 1")
+    if not 0 <= args.prompt_tokens <= 4096:
+        raise UsageError("--prompt-tokens must be between 0 and 4096")
     for code in args.code:
         if not (code / "utils" / "fast").is_dir():
             raise UsageError(f"--code {code}: not a checkout of this repository")
@@ -257,10 +297,14 @@ def _run(args) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so finally runs
     busy = start_busy(args.busy)
     try:
-        results = measure(codes, modes, settings, args.max_new_tokens, args.rounds)
+        results = measure(codes, modes, settings, args.max_new_tokens,
+                          args.rounds, args.prompt_tokens)  # fmt: skip
     finally:
         stop_busy(busy)
-    print(table(results, settings, args.busy))
+    print(table(results["decode"], settings, args.busy))
+    if args.prompt_tokens:
+        what = f"{args.prompt_tokens}-token prefill"
+        print("\n" + table(results["prefill"], settings, args.busy, what))
     return 0
 
 

@@ -6,7 +6,9 @@ turn's prompt length and the time from the start of the answer to its first
 token (the prefill). A chat that keeps its KV cache prefills only the new
 turn, so the time stays flat; one that encodes the whole conversation again
 waits longer every turn. The first token is timed around the streamer, so
-the script measures older versions of the chat too.
+the script measures older versions of the chat too. `--rounds N` holds
+the conversation N times (a new session each time) and prints each turn's
+median, with the spread (half the range) of the wall times.
 
     QWEN3_STANDIN=1 uv run python ch02/03_fast-decoding/chat_ttft.py --fast
 """
@@ -14,6 +16,7 @@ the script measures older versions of the chat too.
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -55,6 +58,7 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=150)
     p.add_argument("--fast", action="store_true", help="the fast path (--fast)")
     p.add_argument("--threads", type=int, help="torch's CPU threads")
+    p.add_argument("--rounds", type=int, default=1, help="conversations held")
     args = p.parse_args()
     from reasoning_from_scratch.qwen3 import Qwen3Tokenizer
 
@@ -70,17 +74,35 @@ def main() -> None:
     clock = FirstTokenClock(GreedyStreamer(model, adopt=args.fast))
     # warm-up: build the path (and the kernels) before any clock runs
     list(clock.stream(torch.tensor([[1, 2, 3]]), 2, fast=args.fast))
-    session = cli.ChatSession(
-        tokenizer, clock, torch.device("cpu"), 40960, args.max_new_tokens,
-        fast=args.fast,
-    )  # fmt: skip
-    clock.times.clear()
-    print("| Turn | Prompt (tokens) | First token (s) | CPU time to it (s) |")
-    print("|---:|---:|---:|---:|")
-    for turn in range(1, args.turns + 1):
-        info = session.reply(MESSAGE.format(turn), lambda text: None)
-        wall, cpu = clock.times[-1]
-        print(f"| {turn} | {info['prompt_tokens']} | {wall:.2f} | {cpu:.2f} |")
+    turns: list[list[tuple[int, float, float]]] = [[] for _ in range(args.turns)]
+    for _ in range(args.rounds):
+        session = cli.ChatSession(
+            tokenizer, clock, torch.device("cpu"), 40960, args.max_new_tokens,
+            fast=args.fast,
+        )  # fmt: skip
+        for turn in turns:
+            info = session.reply(MESSAGE.format(len(turn) + 1), lambda text: None)
+            turn.append((info["prompt_tokens"], *clock.times[-1]))
+        session.clear()
+    print_turns(turns)
+
+
+def print_turns(turns: list[list[tuple[int, float, float]]]) -> None:
+    """One row per turn: its prompt length and the medians over the rounds
+    of (first-token wall s, its CPU s), and turn / turn 1 for each."""
+    print("| Turn | Prompt (tokens) | First token (s) | CPU time to it (s) "
+          "| Wall / turn 1 | CPU / turn 1 |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|")
+    first = None
+    for i, rounds in enumerate(turns, 1):
+        walls = [r[1] for r in rounds]
+        wall, cpu = statistics.median(walls), statistics.median(r[2] for r in rounds)
+        first = first or (wall, cpu)
+        spread = (
+            f" ±{(max(walls) - min(walls)) / 2 / wall:.0%}" if len(walls) > 1 else ""
+        )
+        print(f"| {i} | {rounds[0][0]} | {wall:.2f}{spread} | {cpu:.2f} "
+              f"| {wall / first[0]:.2f} | {cpu / first[1]:.2f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

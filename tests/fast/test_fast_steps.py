@@ -33,7 +33,9 @@ from utils.fast import (
     decode_one_token,
     generate,
     get_kernels,
+    get_path,
     prefill,
+    prefill_at,
 )
 from utils.fast.kernels import ATEN_AVX2, bf16_gemv_path
 from utils.fast.model import greedy_step
@@ -356,3 +358,113 @@ def test_a_continued_cache_needs_one_and_a_start_inside_the_prompt(fast_tiny):
     epoch = fast.cache_epoch
     list(generate(fast, PROMPT, 3))  # a fresh cache: the epoch counts it
     assert fast.cache_epoch == epoch + 1
+
+
+# ---------------------------------------------------------------------------
+# The fused prefill of the paths that are not exact (native, int8)
+
+
+def _prefill_then_decode(model, prompt, start, steps=20):
+    """(the prefill's logits, its token, `steps` greedy tokens after it)."""
+    model.setup_cache(1, prompt.shape[1] + steps + 1)
+    if start:
+        prefill(model, prompt[:, :start])
+        token, logits = prefill_at(model, prompt[:, start:], start)
+    else:
+        token, logits = prefill(model, prompt)
+    first = int(token[0, 0])
+    seq = [first]
+    pos = prompt.shape[1]
+    for i in range(steps):
+        token, _ = decode_one_token(model, token, torch.tensor([pos + i]), pos + i + 1)
+        seq.append(int(token[0, 0]))
+    return logits, seq
+
+
+@pytest.mark.parametrize("start", [0, 9], ids=["fresh", "continued"])
+def test_a_fused_prefill_is_close_to_the_books_and_keeps_one_row(fast_tiny, start):
+    """`use_fused_prefill`: one fused attention call per layer (no matmul of
+    the book's shapes) and the output layer on the last row only; float32
+    logits within 1e-4 of the book's prefill (its own order of sums) and the
+    same greedy tokens after it, from position 0 and continuing a cache."""
+    book, _ = fast_tiny
+    exact, fused = (FastQwen3.from_book_model(book) for _ in range(2))
+    fused.use_fused_prefill()
+    prompt = (torch.arange(40) * 37 % 997 + 1).unsqueeze(0)
+    want_logits, want = _prefill_then_decode(exact, prompt, start)
+    with MatmulShapes() as calls:
+        got_logits, got = _prefill_then_decode(fused, prompt, start, steps=0)
+    assert calls.shapes == []  # no score matrices in the book's shapes
+    assert (got_logits - want_logits).abs().max().item() < 1e-4
+    assert _prefill_then_decode(fused, prompt, start)[1] == want
+    assert len(set(want)) > 5
+    with torch.inference_mode():
+        fused.setup_cache(1, 48)
+        out = fused(prompt, torch.arange(40), 40)
+        assert out.shape == (1, 1, TINY["vocab_size"])  # the last row only
+        assert exact(prompt, torch.arange(40), 40).shape[1] == 40
+        assert fused(prompt[:, :1], torch.tensor([0]), 1).shape[1] == 1
+
+
+@pytest.mark.parametrize(
+    "name, fused",
+    [("fast", False), ("fast_block_compiled", False), ("fast_native", True),
+     ("fast_eager_int8", True), ("fast_fastest", True)],
+)  # fmt: skip
+def test_only_the_paths_that_are_not_exact_prefill_fused(fast_tiny, name, fused):
+    model = get_path(name).build(fast_tiny[0])
+    assert model.fused_prefill is fused
+    assert all(b.att.fused is fused for b in model.trf_blocks)
+
+
+def _prefill_rate_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "ch02/03_fast-decoding/prefill_rate.py"
+    spec = importlib.util.spec_from_file_location("prefill_rate", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_prefill_rate_counts_the_products_a_prefill_needs(fast_tiny):
+    """Every transformer layer's weights once per row, the output layer's
+    once: counted from the model's own linear layers."""
+    script = _prefill_rate_script()
+    book = fast_tiny[0]
+    in_blocks = sum(
+        m.weight.numel()
+        for m in book.trf_blocks.modules()
+        if isinstance(m, torch.nn.Linear)
+    )
+    want = 7 * in_blocks + book.out_head.weight.numel()
+    assert script.needed_multiply_adds(book.cfg, 7) == want
+    assert script.needed_multiply_adds(QWEN_CONFIG_06_B, 1) == 440_401_920 + 155_582_464
+
+
+def test_prefill_rate_times_each_mode_beside_a_product(fast_tiny, capsys):
+    script = _prefill_rate_script()
+    book = fast_tiny[0]
+    models = {n: get_path(n).build(book) for n in ("fast", "fast_eager_int8")}
+    rows = script.side_by_side(models, book.cfg, num_tokens=24, rounds=2)
+    assert [r["mode"] for r in rows] == ["fast", "fast_eager_int8"]
+    assert rows[0]["vs_first"] == 1.0
+    for r in rows:
+        assert r["tok_s"] == pytest.approx(24 / r["seconds"])
+        assert r["gmacs"] > 0 and r["mm_gmacs"] > 0 and r["share"] > 0
+    script.print_rows(rows, 24)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("| mode | prefill of 24 tokens (s) |")
+    assert out[2].startswith("| `fast` |") and out[2].endswith("| 1.00x |")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--prompt-tokens", "0"], "--prompt-tokens must be 1 to 8192"),
+     (["--modes", "fast,nope"], "no decode path 'nope'")],
+)  # fmt: skip
+def test_prefill_rate_bad_arguments_get_one_line(argv, message, capsys):
+    assert _prefill_rate_script().main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

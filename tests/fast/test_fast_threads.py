@@ -289,7 +289,13 @@ def test_the_table_gives_the_default_as_a_share_of_the_best_fixed_count():
     lines = text.splitlines()
     head = [" default threads ", " `--threads 1` ", " `--threads 2` "]
     assert lines[1].split("|")[3:7] == [*head, " default / best fixed "]
-    assert lines[3] == "| this | `fast_native_int8` | 28.00 | 30.00 | 2.50 | 0.93 |"
+    want = "| this | `fast_native_int8` | 28.00 ±4% | 30.00 ±0% | 2.50 ±20% | 0.93 |"
+    assert lines[3] == want
+    one_round = {
+        key: {s: v[:1] for s, v in cell.items()} for key, cell in results.items()
+    }
+    lines = script.table(one_round, ["default", "1", "2"], busy=1).splitlines()
+    assert lines[3] == "| this | `fast_native_int8` | 27.00 | 30.00 | 3.00 | 0.90 |"
 
 
 @pytest.mark.parametrize(
@@ -299,6 +305,7 @@ def test_the_table_gives_the_default_as_a_share_of_the_best_fixed_count():
         (["--threads", "default,0"], "--threads takes 'default' and positive"),
         (["--max-new-tokens", "1"], "--max-new-tokens must be at least 2"),
         (["--code", "/nonexistent"], "not a checkout of this repository"),
+        (["--prompt-tokens", "5000"], "--prompt-tokens must be between 0 and 4096"),
     ],
 )
 def test_bad_arguments_get_one_line(argv, message, capsys):
@@ -306,3 +313,23 @@ def test_bad_arguments_get_one_line(argv, message, capsys):
     assert script.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_prompt_tokens_adds_the_prefills_table(monkeypatch, capsys):
+    script = busy_script()
+    seen = {}
+
+    def measure(codes, modes, settings, tokens, rounds, prompt_tokens=0):
+        seen["prompt_tokens"] = prompt_tokens
+        cell = {("this", "fast_native"): {"default": [10.0], "1": [8.0]}}
+        return {"decode": cell, "prefill": cell}
+
+    monkeypatch.setattr(script, "measure", measure)
+    monkeypatch.setattr(script, "start_busy", lambda n: [])
+    argv = ["--busy", "0", "--threads", "default,1", "--modes", "fast_native"]
+    assert script.main(argv) == 0
+    assert "prefill" not in capsys.readouterr().out and seen["prompt_tokens"] == 0
+    assert script.main([*argv, "--prompt-tokens", "64"]) == 0
+    out = capsys.readouterr().out
+    assert seen["prompt_tokens"] == 64 and "64-token prefill tok/s" in out
+    assert script.prompt_ids(64).shape == (1, 64)

@@ -113,6 +113,7 @@ class GroupedQueryAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim)
         else:
             self.q_norm = self.k_norm = None
+        self.fused = False  # several rows: one fused attention call (see below)
         # (b, kv_groups, cache_len, head_dim); allocated by setup_cache
         self.register_buffer("k_cache", None, persistent=False)
         self.register_buffer("v_cache", None, persistent=False)
@@ -140,6 +141,10 @@ class GroupedQueryAttention(nn.Module):
             r = self.num_heads // self.num_kv_groups
             q = q.reshape(b, self.num_kv_groups, r * t, self.head_dim)
             ctx = F.scaled_dot_product_attention(q, keys, values, attn_mask=~mask)
+        elif self.fused and t > 1:  # a prompt: no copies, no score matrices
+            ctx = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=~mask[:t], enable_gqa=True
+            )
         else:
             ctx = self._book_attention(q, keys, values, mask[:t])
         ctx = ctx.view(b, self.num_heads, t, self.head_dim).transpose(1, 2)
@@ -201,6 +206,7 @@ class StaticQwen3(nn.Module):
         self.register_buffer("positions", None, persistent=False)
         # what `use_cpu_matvec` last asked for
         self.cpu_matvec_wanted = True
+        self.fused_prefill = False  # see use_fused_prefill
         self.cache_epoch = 0  # counts caches set up afresh (see setup_cache)
 
     @classmethod
@@ -229,6 +235,16 @@ class StaticQwen3(nn.Module):
         """The activations' dtype (the embedding's, bf16 or int8-backed)."""
         emb = self.tok_emb
         return emb.dtype if hasattr(emb, "weight_int8") else emb.weight.dtype
+
+    def use_fused_prefill(self, enabled: bool = True) -> None:
+        """Prefill (several rows) with one fused attention call per layer
+        (`scaled_dot_product_attention`, its own order of sums) and the
+        output layer on the last row only: close to the book's prefill, not
+        bit-equal, for the paths that are not exact anyway (native, int8).
+        Off: the book's operations on every row (the exact paths)."""
+        self.fused_prefill = enabled
+        for block in self.trf_blocks:
+            block.att.fused = enabled
 
     def use_cpu_matvec(self, enabled: bool | None = None) -> bool:
         """Whether decode steps on CPU use the matrix-vector kernels (by
@@ -309,7 +325,8 @@ class StaticQwen3(nn.Module):
         """Logits for tokens `idx` (b, t) at positions `input_pos` (t,), whose
         keys/values are written into the cache first. `kv_len` (filled cache
         slots) lets eager code attend over exactly those, rounding like the
-        book; None keeps every shape static. `block_fn` runs each layer."""
+        book; None keeps every shape static. `block_fn` runs each layer.
+        With `use_fused_prefill`, the logits of the last position only."""
         if self.positions is None:
             raise RuntimeError("Call setup_cache(batch_size, num_tokens) first.")
         x = self.tok_emb(idx)  # (b, t, emb_dim)
@@ -323,7 +340,9 @@ class StaticQwen3(nn.Module):
         run_block = block_fn or block_forward
         for block in self.trf_blocks:
             x = run_block(block, x, cos, sin, mask, input_pos, kv_len)
-        return self.out_head(self.final_norm(x))  # (b, t, vocab_size)
+        if self.fused_prefill and x.shape[1] > 1:
+            x = x[:, -1:]  # a prompt: only its last row's logits are used
+        return self.out_head(self.final_norm(x))  # (b, t or 1, vocab_size)
 
 
 def greedy_step(

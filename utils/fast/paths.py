@@ -64,6 +64,8 @@ class DecodePath:
             for module in book_model.modules():
                 for name in list(module._parameters):
                     module._parameters[name] = None
+        if self.int8 or self.native or self.fastest:  # not the book's bits anyway
+            fast.use_fused_prefill()
         if self.int8:
             quantize_int8(fast)
             note = "approximate, tokens can differ from bf16's"
