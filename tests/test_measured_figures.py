@@ -65,6 +65,11 @@ def bonus_agreement(candidate: str) -> str:
     return cell(text, "Candidate", f"`{candidate}`", "Identical").removesuffix(" %")
 
 
+def bonus_prefill(mode: str) -> str:
+    text = BONUS.read_text(encoding="utf-8")
+    return cell(text, "Prefill, 512", f"`{mode}`", "tok/s vs").removesuffix("x")
+
+
 def nb06_row(path: Path, column: str) -> str:
     return cell(notebook_text(path), "Hardware" if path == NB06 else "硬件",
                 "EPYC", column)  # fmt: skip
@@ -80,6 +85,12 @@ QUOTES: list[tuple[Path, str, list[Callable[[], str]]]] = [
     (BONUS, r"here (\S+) against (\S+) tok/s",
      [lambda: bonus_speed("fast_native"), lambda: bonus_speed("fast_compiled")]),
     (BONUS, r"where this table has (\S+) %", [lambda: bonus_agreement("fast_native")]),
+    (ROOT / "README.md", r"a 512-token prompt (\S+)x faster than",
+     [lambda: bonus_prefill("fast_native")]),
+    (BONUS, r"not reached on this CPU \((\S+)x\)",
+     [lambda: bonus_prefill("fast_native")]),
+    (BONUS, r"the gain: .{0,80}\((\S+)x for 512 tokens\)",
+     [lambda: bonus_prefill("fast_native")]),
 ]  # fmt: skip
 
 
