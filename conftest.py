@@ -20,6 +20,10 @@ from pathlib import Path
 
 import pytest
 
+# tests.sigint_guard: the test that leaves SIGINT's handler changed fails;
+# pytester runs that plugin's own test.
+pytest_plugins = ("pytester", "tests.sigint_guard")
+
 _OWN_DIRS: list[tuple[str, str]] = []  # (environment variable, folder)
 
 

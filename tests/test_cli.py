@@ -68,37 +68,19 @@ def reasoning_files(tmp_path_factory):
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_generate_streams_max_new_tokens(env, reasoning_files, tmp_path_factory):
-    n = 5
-    proc = run_cli(
-        [
-            "generate",
-            "--prompt",
-            PROMPT,
-            "--reasoning",
-            "--max-new-tokens",
-            str(n),
-            "--device",
-            "cpu",
-            "--out-dir",
-            str(standin_root(tmp_path_factory)),
-            "--print-ids",
-        ],
-        env,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert "STAND-IN WEIGHTS" in proc.stderr
-    ids_line = re.search(r"^Token ids: (.*)$", proc.stdout, re.M)
+def assert_streamed_answer(text, stderr, tok_path, n):
+    """The answer of `generate --print-ids --max-new-tokens n` as it reached
+    stdout: the answer, a newline, the ids; the statistics go to stderr."""
+    assert "Traceback" not in stderr
+    assert "STAND-IN WEIGHTS" in stderr
+    ids_line = re.search(r"^Token ids: (.*)$", text, re.M)
     ids = [int(x) for x in ids_line.group(1).split()]
     assert len(ids) == n
-    tok = load_tokenizer(reasoning_files[0])
-    # stdout: the answer, a newline, the ids; the statistics go to stderr
-    assert proc.stdout == decode_bytes(tok, ids) + f"\n{ids_line.group(0)}\n"
-    assert re.search(r"^\d+(\.\d)? tokens/sec$", proc.stderr, re.M)
-    assert re.search(r"^Time: [\d.]+ sec$", proc.stderr, re.M)
-    assert re.search(r"^Peak process memory \(RSS\): [\d.]+ GB$", proc.stderr, re.M)
+    tok = load_tokenizer(tok_path)
+    assert text == decode_bytes(tok, ids) + f"\n{ids_line.group(0)}\n"
+    assert re.search(r"^\d+(\.\d)? tokens/sec$", stderr, re.M)
+    assert re.search(r"^Time: [\d.]+ sec$", stderr, re.M)
+    assert re.search(r"^Peak process memory \(RSS\): [\d.]+ GB$", stderr, re.M)
 
 
 @pytest.mark.slow
@@ -540,7 +522,10 @@ def test_answer_redirected_to_a_file_holds_only_the_answer(
     """`> answer.txt` keeps only the answer, also where the fast path's
     native step is off (its kernel cache a file) or a setting is wrong: the
     lines that say so go to stderr. With the native step off, --fast gives
-    the book's tokens (eager, F.linear)."""
+    the book's tokens (eager, F.linear). The plain run is also the check
+    that generate streams --max-new-tokens tokens and prints --print-ids
+    (`assert_streamed_answer`; one 0.6B process fewer than a test of its
+    own: the suite's time budget)."""
     folder = str(standin_root(tmp_path_factory))
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("")
@@ -555,7 +540,8 @@ def test_answer_redirected_to_a_file_holds_only_the_answer(
     for name, (extra_env, flags, said) in cases.items():
         answer = tmp_path / f"{name}.txt"
         args = ["generate", "--prompt", PROMPT, "--reasoning", "--max-new-tokens",
-                "4", "--device", "cpu", "--out-dir", folder, *flags]  # fmt: skip
+                "5", "--print-ids", "--device", "cpu", "--out-dir", folder,
+                *flags]  # fmt: skip
         with answer.open("w") as out:
             proc = subprocess.run(
                 [sys.executable, "-m", "utils.cli", *args],
@@ -573,6 +559,8 @@ def test_answer_redirected_to_a_file_holds_only_the_answer(
             assert line not in text, (name, line)
             assert line in proc.stderr, (name, line)
         assert text.endswith("\n") and text.strip()
+        if name == "plain":
+            assert_streamed_answer(text, proc.stderr, reasoning_files[0], 5)
     assert answers["no native"] == answers["plain"]
 
 
