@@ -136,13 +136,16 @@ def _models(modes: list[str]) -> dict[str, tuple[Any, Any]]:
     }  # fmt: skip
 
 
-def prompt_ids(prompt_tokens: int) -> Any:
-    """The timed prompt: PROMPT, or a synthetic one of `prompt_tokens` ids."""
+def prompt_for(prompt_tokens: int) -> list[int]:
+    """The timed prompt's ids: PROMPT, or PROMPT repeated to `prompt_tokens`
+    ids (made here, so an older checkout's worker times the same prompt)."""
+    if not prompt_tokens:
+        return list(PROMPT)
     import torch
 
-    if not prompt_tokens:
-        return torch.tensor([PROMPT])
-    return (torch.arange(prompt_tokens) * 7919 % 20000 + 100).unsqueeze(0)
+    from utils.benchmark import synthetic_prompt
+
+    return synthetic_prompt(torch.tensor([PROMPT]), prompt_tokens)[0].tolist()
 
 
 def worker(spec: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
@@ -153,14 +156,14 @@ def worker(spec: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
 
     default = torch.get_num_threads()
     models = _models(spec["modes"])
-    ids = prompt_ids(spec.get("prompt_tokens", 0))
+    ids = torch.tensor([spec["prompt"]])
     speeds: dict[str, dict[str, dict[str, float]]] = {
         kind: {mode: {} for mode in models} for kind in ("prefill", "decode")
     }
     for setting in spec["settings"]:
         _pin(None if setting == "default" else int(setting), default)
         for mode, (model, timer) in models.items():
-            if spec.get("prompt_tokens"):
+            if len(spec["prompt"]) > len(PROMPT):
                 timer(model, ids, 2)  # warm: the first call of a shape
             got = timer(model, ids, spec["tokens"])
             speeds["prefill"][mode][setting], speeds["decode"][mode][setting] = got
@@ -198,12 +201,13 @@ def measure(
     round]}}}; the codes' order and the settings' order change from round
     to round."""
     results: dict[str, Results] = {"prefill": {}, "decode": {}}
+    prompt = prompt_for(prompt_tokens)
     for r in range(rounds):
         order = settings[r % len(settings) :] + settings[: r % len(settings)]
         for label in list(codes)[::-1] if r % 2 else list(codes):
             print(f"round {r + 1}/{rounds}: {label} ...", file=sys.stderr)
             spec = {"modes": modes, "settings": order, "tokens": tokens,
-                    "prompt_tokens": prompt_tokens}  # fmt: skip
+                    "prompt": prompt}  # fmt: skip
             for kind, speeds in run_worker(codes[label], spec).items():
                 for mode, got in speeds.items():
                     cell = results[kind].setdefault((label, mode), {})

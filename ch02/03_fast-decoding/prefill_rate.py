@@ -2,7 +2,8 @@
 
 A prompt's rows meet every weight matrix together, so its prefill is bound
 by arithmetic, not by reading the weights. Each round times one prefill of
-a synthetic prompt of `--prompt-tokens` tokens per mode and, right after
+a prompt of `--prompt-tokens` tokens per mode (the benchmark's prompt
+repeated, as its `--prompt-tokens` makes it) and, right after
 it, one `torch.mm` of the prompt's rows by one weight matrix of the model
 (1024 x 3072 for the 0.6B model, bf16), so both see the same moment of a
 shared machine:
@@ -27,11 +28,6 @@ from typing import Any
 import torch
 
 MODES = ("fast", "fast_native", "fast_native_int8")
-
-
-def prompt_ids(num_tokens: int, vocab_size: int) -> torch.Tensor:
-    """A synthetic prompt (1, num_tokens) of varied ids below `vocab_size`."""
-    return (torch.arange(num_tokens) * 7919 % (vocab_size - 1) + 1).unsqueeze(0)
 
 
 def needed_multiply_adds(cfg: dict[str, Any], num_tokens: int) -> int:
@@ -64,12 +60,13 @@ def time_mm(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def side_by_side(
-    models: dict[str, Any], cfg: dict[str, Any], num_tokens: int, rounds: int
+    models: dict[str, Any], cfg: dict[str, Any], ids: torch.Tensor, rounds: int
 ) -> list[dict[str, Any]]:
-    """One row per mode: median prefill seconds, tok/s, G multiply-adds/s
-    (`needed_multiply_adds`), the `torch.mm` rate beside it, their median
-    ratio per round, and tok/s as a share of the first mode's."""
-    ids = prompt_ids(num_tokens, cfg["vocab_size"])
+    """One row per mode, prefilling the prompt `ids` (1, n): median prefill
+    seconds, tok/s, G multiply-adds/s (`needed_multiply_adds`), the
+    `torch.mm` rate beside it, their median ratio per round, and tok/s as a
+    share of the first mode's."""
+    num_tokens = ids.shape[1]
     a = torch.randn(num_tokens, cfg["emb_dim"]).to(torch.bfloat16)
     b = torch.randn(cfg["emb_dim"], cfg["hidden_dim"]).to(torch.bfloat16)
     mm_macs = num_tokens * cfg["emb_dim"] * cfg["hidden_dim"]
@@ -127,6 +124,7 @@ def _parser():
 
 
 def _run(args) -> int:
+    from utils.benchmark import DEFAULT_PROMPT, prompt_token_ids, synthetic_prompt
     from utils.download import download_qwen3_small
     from utils.errors import UsageError
     from utils.fast import get_path
@@ -145,7 +143,9 @@ def _run(args) -> int:
     files = download_qwen3_small("base", out_dir=args.out_dir)  # or stand-ins
     book = load_book_model_file(files.model, "cpu", torch.bfloat16)
     models = {path.name: path.build(book) for path in paths}
-    rows = side_by_side(models, book.cfg, args.prompt_tokens, args.rounds)
+    text = prompt_token_ids(files.tokenizer, DEFAULT_PROMPT, torch.device("cpu"))
+    ids = synthetic_prompt(text, args.prompt_tokens)
+    rows = side_by_side(models, book.cfg, ids, args.rounds)
     print_rows(rows, args.prompt_tokens)
     return 0
 

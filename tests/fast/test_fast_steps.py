@@ -449,7 +449,8 @@ def test_prefill_rate_times_each_mode_beside_a_product(fast_tiny, capsys):
     script = _prefill_rate_script()
     book = fast_tiny[0]
     models = {n: get_path(n).build(book) for n in ("fast", "fast_eager_int8")}
-    rows = script.side_by_side(models, book.cfg, num_tokens=24, rounds=2)
+    ids = torch.arange(1, 25).unsqueeze(0)
+    rows = script.side_by_side(models, book.cfg, ids, rounds=2)
     assert [r["mode"] for r in rows] == ["fast", "fast_eager_int8"]
     assert rows[0]["vs_first"] == 1.0
     for r in rows:

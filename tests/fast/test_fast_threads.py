@@ -332,4 +332,5 @@ def test_prompt_tokens_adds_the_prefills_table(monkeypatch, capsys):
     assert script.main([*argv, "--prompt-tokens", "64"]) == 0
     out = capsys.readouterr().out
     assert seen["prompt_tokens"] == 64 and "64-token prefill tok/s" in out
-    assert script.prompt_ids(64).shape == (1, 64)
+    assert script.prompt_for(0) == script.PROMPT
+    assert script.prompt_for(20) == (script.PROMPT * 3)[:20]

@@ -16,10 +16,16 @@ from utils.benchmark.bandwidth import (
     weight_bytes_per_token,
 )
 from utils.benchmark.report import format_table, plot_results
-from utils.benchmark.runner import main, prompt_token_ids, run_benchmark
+from utils.benchmark.runner import (
+    DEFAULT_PROMPT,
+    main,
+    prompt_token_ids,
+    run_benchmark,
+    synthetic_prompt,
+)
 
 __all__ = [
-    "format_table", "main", "measure_read_bandwidth", "plot_results",
-    "prompt_token_ids", "read_buffer", "run_benchmark", "time_beside_sum",
-    "weight_bytes_per_token",
+    "DEFAULT_PROMPT", "format_table", "main", "measure_read_bandwidth",
+    "plot_results", "prompt_token_ids", "read_buffer", "run_benchmark",
+    "synthetic_prompt", "time_beside_sum", "weight_bytes_per_token",
 ]  # fmt: skip
