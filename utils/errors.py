@@ -13,13 +13,16 @@ ends the command quietly, as a Unix tool does.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import inspect
 import os
 import re
 import select
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 STANDIN_HELP = (
@@ -156,6 +159,31 @@ class CommandParser(argparse.ArgumentParser):
             self.allow_abbrev
             and any(o.startswith(name) for o in self._option_string_actions)
         )
+
+
+@contextlib.contextmanager
+def ctrl_c_held() -> Iterator[None]:
+    """Hold Ctrl-C while the block runs; raise its KeyboardInterrupt once
+    the block is done. For work that must not stop half-way (a build that
+    empties the model it reads, which is kept only once whole) and for
+    torch's import, whose C++ half may abort the process or swallow an
+    interrupt raised inside it. Off the main thread, or where SIGINT is not
+    Python's default handler (ignored, or someone else's), it changes
+    nothing."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    heard: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, _frame: heard.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if heard:
+        raise KeyboardInterrupt
 
 
 def _stdout_reader_gone() -> bool:

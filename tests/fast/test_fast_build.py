@@ -398,3 +398,17 @@ def test_cache_on_a_full_disk_names_the_folder_and_the_fix(full_disk):
         "or set QWEN3_KERNEL_CACHE to a folder on another disk"
     )
     assert [p.name for p in cache.iterdir()] == []  # no half-built file left
+
+
+@pytest.mark.skipif(build.find_compiler() is None, reason="no C compiler")
+def test_ctrl_c_during_the_build_leaves_no_half_built_file(tmp_path, monkeypatch):
+    """Ctrl-C while the compilers run: nothing half-made kept in the cache."""
+    cache = tmp_path / "kernels"
+
+    def interrupted(commands):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build, "_run_all", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build.build_and_load(cache)
+    assert library_files(cache) == []

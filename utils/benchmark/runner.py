@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from utils.benchmark import PROG
 from utils.benchmark.modes import (
     LOG_NAME,
     PREPARE,
@@ -622,9 +623,6 @@ def _checked_prompt(book, token_ids, prompt_tokens, max_new_tokens) -> torch.Ten
         token_ids = synthetic_prompt(token_ids, prompt_tokens)
     check_context(book.cfg["context_length"], token_ids.shape[1], max_new_tokens)
     return token_ids
-
-
-PROG = "python -m utils.benchmark"
 
 
 def build_parser() -> CommandParser:

@@ -34,6 +34,7 @@ from typing import Any, TextIO
 from utils.errors import (
     CommandParser,
     UsageError,
+    ctrl_c_held,
     first_line,
     require_streams,
     run_command,
@@ -120,6 +121,15 @@ def _say(text: str) -> None:
     """The command's own lines on stderr (statistics, the chat's replies to
     its commands): output for the reader, not diagnostics."""
     print(text, file=sys.stderr, flush=True)
+
+
+def _import_torch() -> None:
+    """Import torch (seconds) with Ctrl-C held until it is done: its C++
+    half may abort the process or swallow an interrupt raised inside it
+    (`utils.errors.ctrl_c_held`); after it, Ctrl-C ends the command with
+    one line, exit status 130."""
+    with ctrl_c_held():
+        import torch  # noqa: F401
 
 
 def _set_threads(threads: int | None) -> None:
@@ -307,6 +317,7 @@ def _generate(argv: Sequence[str] | None) -> int:
     if args.thinking and not args.reasoning:
         raise UsageError("--thinking only applies with --reasoning.")
     kind = "reasoning" if args.reasoning else "base"
+    _import_torch()
     tok_kwargs = {}
     if args.reasoning:
         tok_kwargs = dict(
@@ -589,6 +600,7 @@ def _show_history(session: ChatSession, out: TextIO) -> None:
 def _chat(argv: Sequence[str] | None) -> int:
     require_streams("stdin", "stdout")
     args = chat_parser().parse_args(argv)
+    _import_torch()
     _set_threads(args.threads)
     run = load(args, "reasoning")
     model_context = run.model.cfg["context_length"]

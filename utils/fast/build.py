@@ -304,9 +304,11 @@ def _compile(compiler: str, flags: list[str], cache_dir: Path, extra: Extra) -> 
             ]
             _run_all(commands)
             _run_all([[compiler, *flags, *objects, "-o", out]])
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+    except BaseException as exc:  # Ctrl-C too: no half-built file is kept
         Path(out).unlink(missing_ok=True)
-        raise _no_space(cache_dir, exc) or exc from None
+        if isinstance(exc, OSError | RuntimeError | subprocess.SubprocessError):
+            raise _no_space(cache_dir, exc) or exc from None
+        raise
     os.chmod(out, 0o755)  # the linker applies the umask (maybe group-writable)
     return Path(out)
 
