@@ -365,7 +365,9 @@ def test_chat_context_length_is_enforced(tiny_cli, monkeypatch, capsys):
         "50",
     )
     assert rc == 0 and "Traceback" not in err
-    assert "context length reached" in err  # first answer cut at 40 tokens
+    # the first answer is cut so that it and its closing tokens fill the 40
+    cut = re.findall(r"conversation (\d+)/40 tokens; context length reached", err)
+    assert cut == ["40"]
     assert "over the context length of 40; type /clear" in err
     # The message that did not fit is not in the history
     assert "[history: 2 messages" in out

@@ -459,8 +459,9 @@ class ChatSession:
 
     def reply(self, user_text: str, write: Callable[[str], Any]) -> dict[str, Any]:
         """Generate the answer to `user_text`, passing text pieces to `write`;
-        returns counts and the time to the first token. Ctrl-C ends the
-        answer early and keeps what was said. Raises UsageError
+        returns counts and the time to the first token. The answer stops
+        where it and the tokens closing its turn fill the context length;
+        Ctrl-C ends it early and keeps what was said. Raises UsageError
         (conversation unchanged) when it cannot fit."""
         from utils.streaming import stream_generation
 
@@ -471,12 +472,13 @@ class ChatSession:
                 f"could not encode that message ({first_line(exc)}); "
                 "it was not sent, type another one."
             ) from None
-        room = self.context_length - len(prompt)
+        closing = [IM_END_ID, *self.encode("\n")]  # what ends the answer's turn
+        room = self.context_length - len(prompt) - len(closing)
         if room < 1:
             raise UsageError(
-                f"the conversation would be {len(prompt)} tokens, over the context "
-                f"length of {self.context_length}; type /clear to start over "
-                "(or send a shorter message)."
+                f"the conversation would be {len(prompt) + 1 + len(closing)} tokens, "
+                f"over the context length of {self.context_length}; type /clear "
+                "to start over (or send a shorter message)."
             )
         budget = min(self.max_new_tokens, room)
         try:
@@ -503,7 +505,7 @@ class ChatSession:
         # The tokenizer's own decode (it drops ids it does not know)
         text = self.tokenizer.decode(content)
         self.messages += [("user", user_text), ("assistant", text)]
-        self.ids = prompt + content + [IM_END_ID, *self.encode("\n")]
+        self.ids = prompt + content + closing
         # room for a next turn of up to 256 tokens and its answer
         self.kept.reserve(len(self.ids) + 256 + self.max_new_tokens)
         return {
