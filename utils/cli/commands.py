@@ -14,8 +14,10 @@ diagnostics go through the `utils` logger (stderr); the statistics and the
 chat's own lines are the command's output on stderr. Output to a file or a
 pipe is UTF-8 whatever the locale's code page (`utils.stdio`). In the
 chat, a typed line that cannot be read or encoded is reported and skipped;
-the conversation goes on. Input from a file or a pipe that is not UTF-8
-ends the chat with one line naming the byte and the fix.
+the conversation goes on. Input from a file or a pipe is read as UTF-8,
+or as UTF-16 or UTF-32 where it starts with their byte-order mark
+(Notepad's "Unicode"); input that is not text ends the chat with one line
+naming the byte and the fix.
 
     python -m utils.cli generate --prompt "Explain large language models."
     python -m utils.cli chat --think
@@ -42,7 +44,7 @@ from utils.errors import (
 )
 from utils.log import get_logger
 from utils.qwen3_tokenizer import IM_END_ID
-from utils.stdio import InputEncodingError, check_input_file, decode_input, utf8_streams
+from utils.stdio import InputEncodingError, InputLines, utf8_streams
 
 LOG_NAME = "utils.cli"  # not __name__, which is "__main__" under python -m
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -522,8 +524,10 @@ def chat_parser() -> argparse.ArgumentParser:
     p = CommandParser(
         prog="qwen3-chat",
         description="Chat with the Qwen3 0.6B reasoning model. Reads one message "
-        "per line from stdin. Commands: /think, /no_think, /clear, /history, "
-        "/help, /quit (or end of input). Ctrl-C stops the current answer.",
+        "per line from stdin (a file or a pipe: UTF-8, or UTF-16/UTF-32 with a "
+        "byte-order mark, as Notepad's 'Unicode'). Commands: /think, /no_think, "
+        "/clear, /history, /help, /quit (or end of input). Ctrl-C stops the "
+        "current answer.",
     )
     _add_common(p, default_tokens=1024)
     p.add_argument(
@@ -552,28 +556,22 @@ class BadLine(Exception):
     """A line of input that could not be read as text."""
 
 
-def _read_line(stdin: TextIO, prompt: str) -> str | None:
-    """One line from stdin (None at end of input); prompts only on a tty.
-    On a tty, raises BadLine for bytes the terminal's encoding cannot read
-    (the reader types the line again). A file or pipe is read as UTF-8 (or
-    PYTHONIOENCODING's encoding; `utils.stdio`): one that is not text ends
-    the chat with one `UsageError` line, a file before its first answer."""
-    if stdin.isatty():
+def _read_line(lines: InputLines, prompt: str) -> str | None:
+    """One line of the chat's input (None at its end); prompts only on a
+    tty. On a tty, raises BadLine for bytes the terminal's encoding cannot
+    read (the reader types the line again). A file or pipe is read as
+    UTF-8, UTF-16 or UTF-32 with a byte-order mark, or PYTHONIOENCODING's
+    encoding (`utils.stdio.InputLines`): one that is not text ends the chat
+    with one `UsageError` line, a file before its first answer."""
+    if lines.stream.isatty():
         try:
             return input(prompt)
         except EOFError:
             return None
         except UnicodeDecodeError as exc:
             raise BadLine(_bad_bytes(exc)) from None
-    raw = getattr(stdin, "buffer", None)
-    if raw is None:  # a text-only stream (tests): already decoded
-        line = stdin.readline()
-        return None if line == "" else line.rstrip("\r\n")
     try:
-        if raw.seekable() and raw.tell() == 0:
-            check_input_file(raw)  # all of a redirected file, before answering
-        data = raw.readline()
-        return None if data == b"" else decode_input(data).rstrip("\r\n")
+        return lines.readline()
     except InputEncodingError as exc:
         raise UsageError(str(exc)) from None
 
@@ -601,6 +599,7 @@ def _show_history(session: ChatSession, out: TextIO) -> None:
 
 def _chat(argv: Sequence[str] | None) -> int:
     require_streams("stdin", "stdout")
+    lines = InputLines(sys.stdin)
     args = chat_parser().parse_args(argv)
     _import_torch()
     _set_threads(args.threads)
@@ -626,7 +625,7 @@ def _chat(argv: Sequence[str] | None) -> int:
     _say(CHAT_HELP)
     while True:
         try:
-            line = _read_line(sys.stdin, "You: ")
+            line = _read_line(lines, "You: ")
         except KeyboardInterrupt:
             _say("\n(Ctrl-D or /quit leaves)")
             continue
