@@ -485,6 +485,30 @@ def test_sigint_while_torch_is_imported_ends_with_one_line(command):
     assert err.split() == f"READY qwen3-{command}: interrupted".split()
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_an_answer_stdout_cannot_take_is_one_line(
+    tiny_cli, monkeypatch, capsys, command
+):
+    """`> /dev/full` (a full disk): one line naming standard output and the
+    fix, status 2; the chat ends instead of answering into it."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO("one\ntwo\n"))
+    with open("/dev/full", "w", encoding="utf-8") as full:
+        monkeypatch.setattr(sys, "stdout", full)
+        if command == "generate":
+            rc = cli.generate_main(["--prompt", "hi", "--max-new-tokens", "3"])
+        else:
+            rc = cli.chat_main(["--device", "cpu", "--max-new-tokens", "3"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("qwen3-")]
+    assert rc == 2 and "Traceback" not in err
+    assert lines == [
+        f"qwen3-{command}: error: could not write the answer to standard output "
+        "(/dev/full: No space left on device): send it to a file you can write, "
+        "on a disk with free space (> answer.txt), or to the terminal"
+    ]
+
+
 def test_chat_commands(tiny_cli, monkeypatch, capsys):
     rc, out, err = chat_in_process(
         monkeypatch,

@@ -42,6 +42,12 @@ class UsageError(Exception):
     failed download); printed as one line, exit status 2."""
 
 
+class OutputError(UsageError):
+    """Standard output refused the command's output (a full disk, a
+    read-only file): one line naming where it goes, exit status 2; stdout
+    is then silenced, so the interpreter's last flush adds nothing."""
+
+
 def first_line(
     exc: BaseException, limit: int | None = None, text: str | None = None
 ) -> str:
@@ -219,6 +225,8 @@ def run_command(prog: str, body: Callable[[], int]) -> int:
         return body()
     except UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
+        if isinstance(exc, OutputError):
+            _silence_stdout()
         return 2
     except KeyboardInterrupt:
         print(f"\n{prog}: interrupted", file=sys.stderr)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from typing import Any, TextIO
 
 from utils.errors import (
     CommandParser,
+    OutputError,
     UsageError,
     ctrl_c_held,
     first_line,
@@ -373,8 +375,31 @@ def _stream_answer(args: argparse.Namespace, run: Loaded, prompt_ids: list) -> A
 
 
 def _write_stdout(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
+    """Answer text to stdout, now. A refusal other than a reader gone (a
+    full disk, a read-only file) is an `OutputError` naming where stdout
+    goes: no traceback, and the chat ends instead of answering into it."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise OutputError(
+            f"could not write the answer to standard output ({_stdout_file()}{why}): "
+            "send it to a file you can write, on a disk with free space "
+            "(> answer.txt), or to the terminal"
+        ) from None
+
+
+def _stdout_file() -> str:
+    """The file stdout goes to and ": " where Linux tells (/proc), else
+    nothing."""
+    try:
+        target = os.readlink(f"/proc/self/fd/{sys.stdout.fileno()}")
+    except (AttributeError, OSError, ValueError):
+        return ""
+    return f"{target}: " if target.startswith("/") else ""
 
 
 def generate_main(argv: Sequence[str] | None = None) -> int:
@@ -665,6 +690,8 @@ def _answer(session: ChatSession, message: str) -> None:
     _write_stdout("Assistant: ")
     try:
         info = session.reply(message, _write_stdout)
+    except OutputError:
+        raise
     except UsageError as exc:
         _write_stdout("\n")
         _say(f"qwen3-chat: {exc}")
