@@ -565,7 +565,8 @@ def chat_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--context-length",
         type=_positive_int,
-        help="most tokens the conversation may hold (none: the model's)",
+        help="most tokens the conversation may hold (none: the model's); an "
+        "answer stops where it and the tokens that close its turn fill them",
     )
     return p
 

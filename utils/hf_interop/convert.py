@@ -721,7 +721,8 @@ def build_parser() -> CommandParser:
         "--store", action="store_true", help="put them into the per-user model "
         "store instead (QWEN3_MODEL_STORE, else ~/.cache/qwen3-ch02/models), "
         "where every notebook folder, English and Chinese, and the commands "
-        "find them"
+        "find them; as with --out-dir, a folder another user could change is "
+        "refused before anything is read or written"
     )  # fmt: skip
     return parser
 
