@@ -226,8 +226,8 @@ def test_busy_processes_are_stopped_on_an_error_and_on_ctrl_c(monkeypatch, capsy
     started = []
     real_start = script.start_busy
 
-    def start(n):
-        started.extend(real_start(n))
+    def start(n, nice=0):
+        started.extend(real_start(n, nice))
         return started
 
     monkeypatch.setattr(script, "start_busy", start)
@@ -350,18 +350,20 @@ def test_prompt_tokens_adds_the_prefills_table(monkeypatch, capsys):
     script = busy_script()
     seen = {}
 
-    def measure(codes, modes, settings, tokens, rounds, prompt_tokens=0):
-        seen["prompt_tokens"] = prompt_tokens
+    def measure(codes, modes, settings, tokens, rounds, prompt_tokens=0, nice=0):
+        seen["prompt_tokens"], seen["nice"] = prompt_tokens, nice
         cell = {("this", "fast_native"): {"default": [10.0], "1": [8.0]}}
         return {"decode": cell, "prefill": cell}
 
     monkeypatch.setattr(script, "measure", measure)
-    monkeypatch.setattr(script, "start_busy", lambda n: [])
+    monkeypatch.setattr(script, "start_busy", lambda n, nice=0: [])
     argv = ["--busy", "0", "--threads", "default,1", "--modes", "fast_native"]
     assert script.main(argv) == 0
     assert "prefill" not in capsys.readouterr().out and seen["prompt_tokens"] == 0
     assert script.main([*argv, "--prompt-tokens", "64"]) == 0
     out = capsys.readouterr().out
     assert seen["prompt_tokens"] == 64 and "64-token prefill tok/s" in out
+    assert script.main([*argv, "--nice", "19"]) == 0 and seen["nice"] == 19
+    assert "timed at nice 19" in capsys.readouterr().out
     assert script.prompt_for(0) == script.PROMPT
     assert script.prompt_for(20) == (script.PROMPT * 3)[:20]
