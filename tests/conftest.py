@@ -338,3 +338,17 @@ def tiny_cli(monkeypatch, tiny):
 
     monkeypatch.setattr(cli, "load", fake_load)
     return tiny
+
+
+@pytest.fixture
+def unpinned():
+    """torch's thread count and the native steps' pin as they were, after
+    the test."""
+    import torch
+
+    from utils.fast.threads import pin_step_threads
+
+    before = torch.get_num_threads()
+    yield
+    pin_step_threads(None)
+    torch.set_num_threads(before)

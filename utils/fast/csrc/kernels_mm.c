@@ -19,16 +19,6 @@
 
 #include "team.h"
 
-/* The m rows of x as the multi-row kernels read them: row r's k int16 at
-   q + r * ldq, its scale in xs[r], ok[r] = 0 for a row computed apart
-   (inf or NaN); y's rows ldy values apart */
-typedef struct {
-    const int16_t *q;
-    const float *xs;
-    const unsigned char *ok;
-    long m, ldq, ldy;
-} mm_x;
-
 #define MM_R 4   /* weight rows per tile: the kernels' sections */
 #define V8_MR 2  /* rows of x per tile, vec8 form (16 registers on AVX2) */
 
