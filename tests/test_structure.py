@@ -163,6 +163,7 @@ def test_the_fast_engine_stays_in_proportion():
 
 
 DOORS = (
+    "utils.batch",
     "utils.download",
     "utils.benchmark",
     "utils.cli",

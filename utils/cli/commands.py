@@ -58,30 +58,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _add_common(p: argparse.ArgumentParser, default_tokens: int) -> None:
+def model_options(p: argparse.ArgumentParser) -> None:
+    """The options that say which model files to load, where and how to run
+    them: what every command takes (`load` reads them)."""
     p.add_argument(
         "--device",
         default="auto",
         help="auto (CUDA, then MPS, XPU, CPU), cpu, cuda, cuda:N, mps, xpu",
-    )
-    p.add_argument(
-        "--max-new-tokens",
-        type=_positive_int,
-        default=default_tokens,
-        help="most tokens to generate per answer",
-    )
-    p.add_argument(
-        "--cache",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="use the KV cache",
-    )
-    p.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch.compile the model first, the book's way (warm-up takes "
-        "minutes on a CPU); with --fast: the fastest kind that runs here "
-        "(the native step where it runs, else the compiled transformer block)",
     )
     p.add_argument(
         "--fast",
@@ -113,6 +96,29 @@ def _add_common(p: argparse.ArgumentParser, default_tokens: int) -> None:
         "torch's choice, one per core, of which the native step runs on as "
         "many as prove fastest); fewer, even 1, can be faster on a machine "
         "busy with other work",
+    )
+
+
+def _add_common(p: argparse.ArgumentParser, default_tokens: int) -> None:
+    model_options(p)
+    p.add_argument(
+        "--max-new-tokens",
+        type=_positive_int,
+        default=default_tokens,
+        help="most tokens to generate per answer",
+    )
+    p.add_argument(
+        "--cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="use the KV cache",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model first, the book's way (warm-up takes "
+        "minutes on a CPU); with --fast: the fastest kind that runs here "
+        "(the native step where it runs, else the compiled transformer block)",
     )
 
 

@@ -9,7 +9,7 @@ features), `build` (compiles `csrc/` on first use). How it works:
 ch02/03_fast-decoding/README.md.
 """
 
-from utils.fast.batch import BatchDecoder, Event, Request
+from utils.fast.batch import BatchDecoder, Event, Request, step_rates
 from utils.fast.dispatch import kernel_table
 from utils.fast.hugepages import huge_page_empty, huge_pages_enabled
 from utils.fast.kernels import get_kernels
@@ -55,4 +55,5 @@ __all__ = [
     "prefill",
     "prefill_at",
     "quantize_int8",
+    "step_rates",
 ]

@@ -13,6 +13,7 @@ draws alone (its own generator, `utils.sampling`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -180,3 +181,30 @@ def _grow(row: _Row, context: int) -> None:
         new[:, :, :slots] = t
         grown.append(new)
     row.cache = grown
+
+
+@torch.inference_mode()
+def step_rates(
+    model: FastQwen3, sizes: Iterable[int], steps: int = 2
+) -> dict[int, float]:
+    """Tokens per second of one native step of each batch size in `sizes`
+    on this machine now (rows at the start of caches of 64 slots; one
+    step to warm up, then the best of `steps`): what a batch size gives
+    before a run, to choose one."""
+    cfg, rates = model.cfg, {}
+    step: NativeStep = model.decode_step  # type: ignore[assignment]
+    shape = (1, cfg["n_kv_groups"], 64, model.head_dim)
+    for size in sizes:
+        per_row = 2 * cfg["n_layers"]
+        caches = [
+            [torch.zeros(shape, dtype=torch.bfloat16) for _ in range(per_row)]
+            for _ in range(size)
+        ]
+        best = float("inf")
+        for i in range(steps + 1):
+            start = time.perf_counter()
+            step.rows(model, [0] * size, [8] * size, caches)
+            if i:
+                best = min(best, time.perf_counter() - start)
+        rates[size] = size / best
+    return rates
