@@ -9,11 +9,12 @@ import json
 import pytest
 import torch
 
-import utils.batch.command as command
 import utils.cli as cli
+import utils.cli.batch as command
 import utils.fast.build as build
 from tests._view_fixtures import TINY_CFG, load_tokenizer, tiny_model
-from utils.batch import main, read_jobs
+from utils.batch import read_jobs
+from utils.cli import batch_main as main
 from utils.errors import UsageError
 
 GOOD = [
@@ -51,7 +52,7 @@ def batch_cli(monkeypatch, tiny):
         t = load_tokenizer(tok_path, **tokenizer_kwargs)
         return cli.Loaded(t, model, torch.device("cpu"), GreedyStreamer(model), True)
 
-    monkeypatch.setattr(cli, "load", fake_load)
+    monkeypatch.setattr(command, "load", fake_load)
     return fake_load
 
 
@@ -159,7 +160,7 @@ def test_the_books_batched_model_without_fast(batch_cli, tmp_path, capsys):
 
 def test_the_default_batch_size_is_the_fastest_measured(batch_cli, tmp_path, capsys,
                                                         monkeypatch):  # fmt: skip
-    from utils.batch.engines import BookEngine
+    from utils.batch import BookEngine
 
     rates = {1: 10.0, 2: 19.0, 4: 30.0}
     monkeypatch.setattr(BookEngine, "rates", lambda self, sizes: dict(rates))

@@ -241,7 +241,7 @@ def test_console_scripts_are_declared():
     assert scripts == {
         "qwen3-generate": "utils.cli:generate_main",
         "qwen3-chat": "utils.cli:chat_main",
-        "qwen3-batch": "utils.batch:main",
+        "qwen3-batch": "utils.cli:batch_main",
     }
 
 

@@ -1,10 +1,18 @@
-"""`qwen3-batch` (`python -m utils.batch`): a file of prompts answered several
-at once, one JSON line per finished answer, resumable (`command`); the
-prompts and answers files (`jobs`); the two ways a batch is decoded
-(`engines`). This is its door.
+"""Many prompts and samples: the prompts and answers files of `qwen3-batch`
+(`jobs`) and the two ways a batch is decoded (`engines`: the fast engine's
+continuous batches, the book's batched model). The command itself is
+`utils.cli`'s (`python -m utils.batch` runs it). This is the door.
 """
 
-from utils.batch.command import batch_parser, main
-from utils.batch.jobs import AnswerLog, Job, read_jobs
+from utils.batch.engines import BookEngine, FastEngine
+from utils.batch.jobs import AnswerLog, Job, answer_key, pending, read_jobs
 
-__all__ = ["AnswerLog", "Job", "batch_parser", "main", "read_jobs"]
+__all__ = [
+    "AnswerLog",
+    "BookEngine",
+    "FastEngine",
+    "Job",
+    "answer_key",
+    "pending",
+    "read_jobs",
+]

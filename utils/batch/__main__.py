@@ -1,5 +1,5 @@
-"""`python -m utils.batch prompts.jsonl --out answers.jsonl`."""
+"""`python -m utils.batch prompts.jsonl --out answers.jsonl`: `qwen3-batch`."""
 
-from utils.batch import main
+from utils.cli import batch_main
 
-raise SystemExit(main())
+raise SystemExit(batch_main())

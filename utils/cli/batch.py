@@ -1,6 +1,6 @@
 """`qwen3-batch prompts.jsonl --out answers.jsonl`: many prompts, many samples.
 
-Every line of the prompts file is checked first (`utils.batch.jobs`); then
+Every line of the prompts file is checked first (`utils.batch.read_jobs`); then
 the (prompt, sample) pairs not yet in the answers file are decoded
 `--batch-size` at a time and each finished answer is appended as one whole
 line, so Ctrl-C or a crash loses at most the answers in flight and the same
@@ -26,7 +26,17 @@ from typing import Any
 
 import torch
 
-from utils.batch.jobs import AnswerLog, Job, answer_key, pending, read_jobs
+from utils.batch import (
+    AnswerLog,
+    BookEngine,
+    FastEngine,
+    Job,
+    answer_key,
+    pending,
+    read_jobs,
+)
+from utils.cli.commands import load, model_options
+from utils.cli.options import add_sampling_options, sampling_from
 from utils.errors import CommandParser, UsageError, require_streams, run_command
 from utils.log import get_logger
 
@@ -36,8 +46,6 @@ _log = get_logger("utils.batch")
 
 
 def batch_parser() -> argparse.ArgumentParser:
-    from utils.cli import add_sampling_options, model_options
-
     p = CommandParser(
         prog=PROG,
         description="Answer every prompt of a JSON-lines file with Qwen3 0.6B, "
@@ -97,8 +105,6 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _jobs(args: argparse.Namespace) -> list[Job]:
-    from utils.cli import sampling_from
-
     sampling = sampling_from(args)
     defaults = {"max_new_tokens": args.max_new_tokens, "num_samples": args.num_samples,
                 "temperature": sampling.temperature, "top_k": sampling.top_k,
@@ -155,8 +161,6 @@ def _batch_size(args, run, engine, count: int) -> int:
 
 
 def _run(argv: Sequence[str] | None) -> int:
-    from utils.cli import load
-
     require_streams("stderr")
     args = batch_parser().parse_args(argv)
     _check_args(args)
@@ -193,8 +197,6 @@ def _set_threads(threads: int | None) -> None:
 
 
 def _engine(args: argparse.Namespace, run: Any) -> Any:
-    from utils.batch.engines import BookEngine, FastEngine
-
     if args.fast:
         return FastEngine.for_run(run, args.int8)
     _log.info("the book's batched model: a row's tokens can change with the "
@@ -246,7 +248,7 @@ def _say_done(args, log: AnswerLog, todo) -> None:
     _log.info("%d answers in %s", len(todo), args.out)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def batch_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `qwen3-batch` (`python -m utils.batch`)."""
     from utils.stdio import utf8_streams
 
