@@ -7,12 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
-import utils.cli as cli
 import utils.cli.batch as command
 import utils.fast.build as build
-from tests._view_fixtures import TINY_CFG, load_tokenizer, tiny_model
 from utils.batch import read_jobs
 from utils.cli import batch_main as main
 from utils.errors import UsageError
@@ -36,24 +33,6 @@ def write_prompts(path, rows) -> None:
 
 def answers(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text("utf-8").splitlines()]
-
-
-@pytest.fixture
-def batch_cli(monkeypatch, tiny):
-    """`load` hands out the tiny model in bf16 with the real tokenizer."""
-    from utils.models import load_book_model
-    from utils.streaming import GreedyStreamer
-
-    _, _, tok_path = tiny
-    sd = tiny_model().state_dict()
-
-    def fake_load(args, kind, **tokenizer_kwargs):
-        model = load_book_model(sd, dtype=torch.bfloat16, cfg=TINY_CFG)
-        t = load_tokenizer(tok_path, **tokenizer_kwargs)
-        return cli.Loaded(t, model, torch.device("cpu"), GreedyStreamer(model), True)
-
-    monkeypatch.setattr(command, "load", fake_load)
-    return fake_load
 
 
 @pytest.mark.parametrize(
@@ -106,7 +85,7 @@ def by_key(rows: list[dict]) -> dict:
 
 @needs_kernels
 def test_fast_rows_are_the_prompts_alone_and_a_stopped_run_resumes(
-    batch_cli, tmp_path, monkeypatch
+    bf16_cli, tmp_path, monkeypatch
 ):
     whole = tmp_path / "whole"
     whole.mkdir()
@@ -135,7 +114,7 @@ def test_fast_rows_are_the_prompts_alone_and_a_stopped_run_resumes(
 
 
 @needs_kernels
-def test_a_line_cut_by_a_crash_is_made_again(batch_cli, tmp_path, capsys):
+def test_a_line_cut_by_a_crash_is_made_again(bf16_cli, tmp_path, capsys):
     assert run_batch(tmp_path, "--fast", "--batch-size", "3") == 0
     out = tmp_path / "a.jsonl"
     whole = out.read_bytes()
@@ -145,7 +124,7 @@ def test_a_line_cut_by_a_crash_is_made_again(batch_cli, tmp_path, capsys):
     assert by_key(answers(out)) == by_key([json.loads(x) for x in whole.splitlines()])
 
 
-def test_the_books_batched_model_without_fast(batch_cli, tmp_path, capsys):
+def test_the_books_batched_model_without_fast(bf16_cli, tmp_path, capsys):
     assert run_batch(tmp_path, "--batch-size", "3") == 0
     err = capsys.readouterr().err
     assert "can change with the batch size" in err
@@ -158,7 +137,7 @@ def test_the_books_batched_model_without_fast(batch_cli, tmp_path, capsys):
     assert "every answer is already in" in capsys.readouterr().err
 
 
-def test_the_default_batch_size_is_the_fastest_measured(batch_cli, tmp_path, capsys,
+def test_the_default_batch_size_is_the_fastest_measured(bf16_cli, tmp_path, capsys,
                                                         monkeypatch):  # fmt: skip
     from utils.batch import BookEngine
 

@@ -41,7 +41,12 @@ class FastEngine:
             why = reasons[0] if reasons else f"not on {run.device}"
             raise UsageError(f"--fast batches run on the native step, which is off "
                              f"here ({why}); run without --fast")  # fmt: skip
-        return cls(path.build(run.model, adopt=True))
+        model = path.build(run.model, adopt=True)
+        if not model.decode_native():
+            why = model.native_unsupported_reason() or "see the line above"
+            raise UsageError(f"--fast batches run on the native step, which cannot "
+                             f"run this model ({why}); run without --fast")  # fmt: skip
+        return cls(model)
 
     def rates(self, sizes: Iterable[int]) -> dict[int, float]:
         from utils.fast import step_rates

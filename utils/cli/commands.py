@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from utils.cli.options import add_sampling_options, sampling_from
 from utils.errors import (
     CommandParser,
     UsageError,
@@ -280,8 +281,9 @@ def load(args: argparse.Namespace, kind: str, **tokenizer_kwargs: Any) -> Loaded
 def generate_parser() -> argparse.ArgumentParser:
     p = CommandParser(
         prog="qwen3-generate",
-        description="Generate text with Qwen3 0.6B (greedy), streaming it as it "
-        "comes, then print time, tokens/sec and peak memory.",
+        description="Generate text with Qwen3 0.6B (greedy, or sampled with "
+        "--temperature), streaming it as it comes, then print time, tokens/sec "
+        "and peak memory.",
     )
     p.add_argument(
         "--prompt", required=True, type=utf8_text, help="the text to continue"
@@ -302,6 +304,14 @@ def generate_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="after the stats, print the generated token ids on one line",
     )
+    add_sampling_options(p)
+    p.add_argument(
+        "--num-samples",
+        type=_positive_int,
+        default=1,
+        help="answers to the prompt, decoded together as one batch and "
+        "printed as each ends (with --fast: each the text it gets alone)",
+    )
     return p
 
 
@@ -320,13 +330,17 @@ def _generate(argv: Sequence[str] | None) -> int:
             add_generation_prompt=True,
             add_thinking=args.thinking,
         )
+    sampling = sampling_from(args)
     _set_threads(args.threads)
     run = load(args, kind, **tok_kwargs)
     try:
         prompt_ids = run.tokenizer.encode(args.prompt)
     except Exception as exc:  # the tokenizer's own limits
         raise UsageError(f"could not encode the prompt ({first_line(exc)}).") from None
-    result = _stream_answer(args, run, prompt_ids)
+    if args.num_samples > 1:
+        return _print_samples(args, run, prompt_ids, sampling)
+    picker = None if sampling.greedy else sampling.picker()
+    result = _stream_answer(args, run, prompt_ids, picker)
     _write_stdout("\n")
     if result.interrupted:
         get_logger(LOG_NAME).info("stopped (Ctrl-C): the answer is cut short")
@@ -341,7 +355,9 @@ def _generate(argv: Sequence[str] | None) -> int:
     return 0
 
 
-def _stream_answer(args: argparse.Namespace, run: Loaded, prompt_ids: list) -> Any:
+def _stream_answer(
+    args: argparse.Namespace, run: Loaded, prompt_ids: list, picker: Any = None
+) -> Any:
     """Stream the answer to stdout; the statistics come back, unprinted."""
     from utils.streaming import stream_generation
 
@@ -360,9 +376,41 @@ def _stream_answer(args: argparse.Namespace, run: Loaded, prompt_ids: list) -> A
             fast=args.fast,
             device=run.device,
             stats="quiet",
+            picker=picker,
         )
     except ValueError as exc:  # does not fit: checked before any work
         raise UsageError(str(exc)) from None
+
+
+def _print_samples(args, run: Loaded, prompt_ids: list, sampling: Any) -> int:
+    """--num-samples: the samples decoded as one batch (`utils.batch`'s
+    engines), each printed whole as it ends, then the total speed."""
+    import time
+
+    from utils.batch import BookEngine, FastEngine
+    from utils.fast import Request
+    from utils.streaming import decode_bytes
+
+    if sampling.greedy:
+        get_logger(LOG_NAME).warning("--temperature 0: every sample is the same")
+    if len(prompt_ids) + args.max_new_tokens > run.model.cfg["context_length"]:
+        raise UsageError("the prompt and --max-new-tokens do not fit the context.")
+    engine = FastEngine.for_run(run, args.int8) if args.fast else BookEngine(run)
+    requests = [Request(k, prompt_ids, args.max_new_tokens, sampling.picker(0, k))
+                for k in range(args.num_samples)]  # fmt: skip
+    got: dict[int, list[int]] = {k: [] for k in range(args.num_samples)}
+    start = time.perf_counter()
+    eos = run.tokenizer.eos_token_id
+    for event in engine.events(requests, args.num_samples, eos):
+        if event.token is not None:
+            got[event.key].append(event.token)
+            continue
+        text = decode_bytes(run.tokenizer, got[event.key])
+        _write_stdout(f"--- sample {event.key + 1} ({event.reason}) ---\n{text}\n")
+    made, seconds = sum(map(len, got.values())), time.perf_counter() - start
+    _say(f"\n{args.num_samples} samples, {made} tokens in {seconds:.2f} sec: "
+         f"{made / seconds:.1f} tokens/sec in total")  # fmt: skip
+    return 0
 
 
 def _write_stdout(text: str) -> None:
@@ -409,6 +457,7 @@ class ChatSession:
     messages: list[tuple[str, str]] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     kept: Any = None  # a utils.chat_cache.ChatCache, made with the session
+    picker: Any = None  # samples the answers (utils.sampling); None: greedy
 
     def __post_init__(self) -> None:
         if self.kept is None:
@@ -487,6 +536,7 @@ class ChatSession:
                 fast=self.fast,
                 device=self.device,
                 kept=self.kept,
+                picker=self.picker,
             )
         except ValueError as exc:  # too long for memory: checked before work
             raise UsageError(str(exc)) from None
@@ -519,6 +569,7 @@ def chat_parser() -> argparse.ArgumentParser:
         "/help, /quit (or end of input). Ctrl-C stops the current answer.",
     )
     _add_common(p, default_tokens=1024)
+    add_sampling_options(p)
     p.add_argument(
         "--think",
         action=argparse.BooleanOptionalAction,
@@ -595,6 +646,7 @@ def _show_history(session: ChatSession, out: TextIO) -> None:
 def _chat(argv: Sequence[str] | None) -> int:
     require_streams("stdin", "stdout")
     args = chat_parser().parse_args(argv)
+    sampling = sampling_from(args)
     _set_threads(args.threads)
     run = load(args, "reasoning")
     model_context = run.model.cfg["context_length"]
@@ -613,6 +665,7 @@ def _chat(argv: Sequence[str] | None) -> int:
         cache=args.cache,
         compile=args.compile,
         fast=args.fast,
+        picker=None if sampling.greedy else sampling.picker(),
     )
     _say(f"Qwen3 0.6B chat (thinking {'on' if session.thinking else 'off'}). ")
     _say(CHAT_HELP)

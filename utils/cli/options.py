@@ -17,8 +17,12 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0: greedy (the chapter's argmax); above 0: sample, "
                    "e.g. 0.7")  # fmt: skip
-    p.add_argument("--top-k", type=int, default=None,
-                   help="sample from the k most likely tokens only (default: all)")
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        help="sample from the k most likely tokens only (default: all)",
+    )
     p.add_argument("--top-p", type=float, default=None,
                    help="then from the smallest set of those whose probability "
                    "reaches p, e.g. 0.9 (default: all)")  # fmt: skip

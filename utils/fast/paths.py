@@ -85,9 +85,12 @@ class DecodePath:
             _log.info("%s: the compiled block (native step off: %s)", self.name, reason)
         return fast
 
-    def stream(self, model: Any, *args: Any) -> Iterator[torch.Tensor]:
-        """Greedy tokens (token_ids, max_new_tokens, eos) from what `build` made."""
-        return generate(model, *args)
+    def stream(
+        self, model: Any, *args: Any, picker: Any = None
+    ) -> Iterator[torch.Tensor]:
+        """Tokens (token_ids, max_new_tokens, eos) from what `build` made:
+        greedy, or `picker`'s choice."""
+        return generate(model, *args, picker=picker)
 
 
 PATHS: tuple[DecodePath, ...] = (
