@@ -180,3 +180,47 @@ def test_zero_new_tokens_ends_at_once_and_bad_requests_are_refused(models):
         batched(model, 2, [Request("b", [1] * 500, 20)])
     with pytest.raises(ValueError, match="native step"):
         BatchDecoder(fast_model(WIDE, tiny_state_dict(0, WIDE)), 2)
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+def test_a_native_prefill_gives_each_prompt_token_the_decode_steps_bits(
+    models, int8, unpinned
+):
+    """Prompt rows through the rows step (three calls of PREFILL_ROWS
+    rows, then a chat's next turn from position 150): the logits and cache
+    the decode step gives the tokens one by one."""
+    from utils.fast import decode_one_token, prefill_at
+
+    model = models[int8, None]
+    ids = torch.tensor([prompts()[5] * 3])[:, :170]  # 170 tokens
+    for threads in (1, 2):
+        pin_step_threads(threads)
+        model.setup_cache(1, 200)
+        with torch.inference_mode():
+            for p in range(ids.shape[1]):
+                token, want = decode_one_token(model, ids[:, p : p + 1],
+                                               torch.tensor([p]))  # fmt: skip
+        keys = model.trf_blocks[1].att.k_cache[:, :, :170].clone()
+        model.use_native_prefill()
+        try:
+            model.release_cache()
+            model.setup_cache(1, 200)
+            prefill_at(model, ids[:, :150], 0)
+            got_token, got = prefill_at(model, ids[:, 150:], 150)
+        finally:
+            model.use_native_prefill(False)
+        assert got.shape == (1, WIDE["vocab_size"]) and torch.equal(got_token, token)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+        same = model.trf_blocks[1].att.k_cache[:, :, :170]
+        assert torch.equal(same.view(torch.int16), keys.view(torch.int16))
+
+
+def test_only_int8_paths_prefill_natively():
+    from utils.fast import get_path
+    from utils.models import load_book_model
+
+    sd = tiny_state_dict(0, WIDE)
+    for name, native in (("fast_native_int8", True), ("fast_native", False),
+                         ("fast_fastest_int8", True)):  # fmt: skip
+        fast = get_path(name).build(load_book_model(sd, cfg=WIDE))
+        assert fast.native_prefill is native, name

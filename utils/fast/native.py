@@ -44,6 +44,9 @@ _GROUPS = ("QKV", "O", "12", "3")
 # logits and token tensors made at a time (NativeStep._fresh_outputs):
 # about 5 MB ahead for Qwen3's vocabulary
 OUTPUTS_AHEAD = 16
+# Prompt tokens per call of a native prefill (its scores: heads x positions
+# floats a row)
+PREFILL_ROWS = 64
 # The slot names this module fills, per section of the reported layout
 LAYOUT_NAMES = {
     "global": {"EMB", "EMB_SCALE", "FINAL_NORM", "HEAD", "HEAD_SCALE", "COS", "SIN"},
@@ -344,13 +347,16 @@ class NativeStep:
         tokens: Sequence[int],
         positions: Sequence[int],
         caches: Sequence[Sequence[Tensor]],
+        want: Sequence[bool] | None = None,
     ) -> tuple[list[int], Tensor]:
-        """One step for several rows, each its own sequence: row r's token
-        `tokens[r]` at `positions[r]`, its keys and values written into and
-        read from `caches[r]` (per layer keys then values, each (1, kv
-        groups, slots, head_dim) bf16). Returns the argmax token and the
-        logits (rows, vocab) of every row: each row's bits those the step
-        gives it alone (`__call__`), whatever the other rows."""
+        """One step for several rows: row r's token `tokens[r]` at
+        `positions[r]`, its keys and values written into and read from
+        `caches[r]` (per layer keys then values, each (1, kv groups, slots,
+        head_dim) bf16; consecutive rows of one prompt may name the same
+        caches, at consecutive positions). Returns the argmax token and the
+        logits (rows, vocab) of the rows `want` names (None: every row):
+        each row's bits those the step gives it alone (`__call__`),
+        whatever the other rows."""
         m = len(tokens)
         held = self._rows_rope(model, max(positions) + 1)
         table = array.array("Q", self._table)
@@ -361,15 +367,18 @@ class NativeStep:
         pointers = array.array("Q", [t.data_ptr() for row in caches for t in row])
         slots = array.array("l", [row[0].shape[2] for row in caches])
         toks, pos = array.array("q", tokens), array.array("q", positions)
-        nxt = array.array("l", [0] * m)
-        logits = torch.empty(m, self._vocab, dtype=torch.bfloat16)
+        flags = None if want is None else array.array("B", [bool(w) for w in want])
+        k = m if want is None else sum(flags)
+        nxt = array.array("l", [0] * max(k, 1))
+        logits = torch.empty(k, self._vocab, dtype=torch.bfloat16)
         threads = pinned_threads() or self.rows_threads.next(torch.get_num_threads())
         start = time.perf_counter()
         rc = self._kernels.lib.qwen3_decode_rows(
             dims.buffer_info()[0], self._eps, table.buffer_info()[0], m,
             toks.buffer_info()[0], pos.buffer_info()[0], pointers.buffer_info()[0],
-            slots.buffer_info()[0], self._indices.buffer_info()[0], logits.data_ptr(),
-            nxt.buffer_info()[0], threads,
+            slots.buffer_info()[0], 0 if flags is None else flags.buffer_info()[0],
+            self._indices.buffer_info()[0], logits.data_ptr(), nxt.buffer_info()[0],
+            threads,
         )  # fmt: skip
         self.rows_threads.record(threads, time.perf_counter() - start)
         if rc == 1:
@@ -378,4 +387,26 @@ class NativeStep:
             raise RuntimeError("native rows step: the CPU cannot run its kernel")
         if rc:
             raise MemoryError("native rows step: out of memory")
-        return nxt.tolist(), logits
+        return nxt.tolist()[:k], logits
+
+    def prefill(
+        self, model: Any, token_ids: Tensor, start: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """A prompt (1, n) at positions start.. through `rows`, PREFILL_ROWS
+        rows a call, into the model's own cache (set up for them): each
+        prompt token gets the bits the decode step would give it, on the
+        step's thread team. Returns (argmax token (1, 1), logits (1, vocab))
+        of the last position."""
+        ids = token_ids[0].tolist()
+        caches = [t for d in self._cache_dicts for t in (d["k_cache"], d["v_cache"])]
+        if any(t is None or t.shape[2] < start + len(ids) for t in caches):
+            raise ValueError("native prefill: set up a cache for the prompt first")
+        for i in range(0, len(ids), PREFILL_ROWS):
+            chunk = ids[i : i + PREFILL_ROWS]
+            last = i + len(chunk) == len(ids)
+            nxt, logits = self.rows(
+                model, chunk, range(start + i, start + i + len(chunk)),
+                [caches] * len(chunk), [last and j == len(chunk) - 1
+                                        for j in range(len(chunk))],
+            )  # fmt: skip
+        return torch.tensor([nxt]), logits

@@ -99,6 +99,7 @@ class FastQwen3(StaticQwen3):
     def __init__(self, cfg: Mapping[str, Any]) -> None:
         super().__init__(cfg)
         self.decode_step: DecodeStep = EAGER  # what decode_one_token runs
+        self.native_prefill = False  # see use_native_prefill
         self.compile_scope: str | None = None  # "step" or "block" once compiled
         self.register_load_state_dict_post_hook(_renew_native_step)
 
@@ -167,6 +168,13 @@ class FastQwen3(StaticQwen3):
         """Whether `generate` will use the native (one C call) decode step."""
         return isinstance(self.decode_step, NativeStep)
 
+    def use_native_prefill(self, enabled: bool = True) -> None:
+        """Prefill one sequence's prompt through the native step's rows
+        (`NativeStep.prefill`: each token the decode step's bits, on the
+        step's own thread team, which yields a busy core instead of
+        spinning) wherever the native step runs; elsewhere as before."""
+        self.native_prefill = enabled
+
     def release_cache(self) -> None:
         """Drop the KV cache, so its memory is freed (a chat's /clear)."""
         super().release_cache()
@@ -178,10 +186,7 @@ class FastQwen3(StaticQwen3):
 def prefill(model: StaticQwen3, token_ids: Tensor) -> tuple[Tensor, Tensor]:
     """Run the prompt (b, t) from position 0, filling the cache; returns the
     greedy next token (b, 1) and the last position's logits (b, vocab)."""
-    model.use_cpu_matvec()
-    num_tokens = token_ids.shape[1]
-    input_pos = torch.arange(num_tokens, device=token_ids.device)
-    return greedy_step(model, token_ids, input_pos, num_tokens)
+    return prefill_at(model, token_ids, 0)
 
 
 @torch.inference_mode()
@@ -190,8 +195,18 @@ def prefill_at(
 ) -> tuple[Tensor, Tensor]:
     """`prefill` for tokens (b, t) at positions start.. whose cache already
     holds positions 0..start-1 (a chat's next turn prefills only its own
-    tokens); the same returns."""
+    tokens); the same returns. A model set to `use_native_prefill` runs a
+    prompt of one sequence through its native step's rows."""
     model.use_cpu_matvec()
+    step = getattr(model, "decode_step", None)
+    if (
+        getattr(model, "native_prefill", False)
+        and isinstance(step, NativeStep)
+        and token_ids.shape[0] == 1
+        and token_ids.is_cpu
+        and model.cpu_matvec_wanted
+    ):
+        return step.prefill(model, token_ids, start)
     end = start + token_ids.shape[1]
     input_pos = torch.arange(start, end, device=token_ids.device)
     return greedy_step(model, token_ids, input_pos, end)

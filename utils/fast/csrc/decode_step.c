@@ -167,13 +167,20 @@ typedef struct {
     const long *slots;
     const void *const *cache;
     long *att_at;
+    const unsigned char *want; /* rows whose logits are wanted (NULL: all) */
+    int shared;                /* some rows share a cache (a prompt's rows) */
 } step_rows;
 
 /* 0 when every row's token, position and cache are usable (a position
-   inside its cache and the RoPE table, dims[D_CACHE] rows), else 1 */
-static int check_rows(const step_dims *d, const step_rows *rw) {
+   inside its cache and the RoPE table, dims[D_CACHE] rows), else 1; notes
+   whether rows share a cache (then each row's keys and values are written
+   before any row attends) */
+static int check_rows(const step_dims *d, step_rows *rw) {
     if (rw->m < 1) return 1;
+    rw->shared = 0;
     for (long r = 0; r < rw->m; ++r) {
+        if (r && rw->cache[r * 2 * d->L] == rw->cache[(r - 1) * 2 * d->L])
+            rw->shared = 1;
         const long tok = (long)rw->token[r], pos = (long)rw->pos[r];
         if (tok < 0 || tok >= d->V || pos < 0 || pos >= rw->slots[r]
             || pos >= d->C)
@@ -321,16 +328,20 @@ static void mv_gate_up(const step_dims *d, const void *const *q,
     mv(c, x, k_max(d), d->E, 2, w, s[0] ? s : NULL, n, y, y_max(d));
 }
 
+/* Row r's keys and values of layer l, kv group g (C slots a group) */
+static uint16_t *group_cache(const step_dims *d, const step_rows *rw, long r,
+                             long l, long g, int values) {
+    const long C = rw->slots[r];
+    return (uint16_t *)rw->cache[(r * d->L + l) * 2 + values] + g * C * d->D;
+}
+
 /* Kv group g of layer l for row r: its query heads normed and rotated,
    its new key (normed, rotated) and value written into the row's caches
-   at its position, then its attention over the filled slots (the next
-   group's keys and values fetched meanwhile when `more`: the thread
-   attends it next) */
-static void attend_kv_group(const step_dims *d, const void *const *q, long l,
-                            const step_buf *b, long r, long g, int more) {
+   at its position */
+static void write_kv_group(const step_dims *d, const void *const *q, long l,
+                           const step_buf *b, long r, long g) {
     const step_rows *rw = b->rw;
     const long H = d->H, G = d->G, D = d->D, rr = H / G, pos = (long)rw->pos[r];
-    const long C = rw->slots[r], len = pos + 1;
     const uint16_t *y = b->y[0] + r * y_max(d);
     const float *cos = b->cos + pos * D, *sin = b->sin + pos * D;
     float *t = b->scratch + (r * G + g) * 2 * D, *key = t + D;
@@ -338,11 +349,21 @@ static void attend_kv_group(const step_dims *d, const void *const *q, long l,
     for (long h = g * rr; h < (g + 1) * rr; ++h)
         norm_rope(y + h * D, D, q[L_QNORM], d->eps, cos, sin, t, qf + h * D);
     norm_rope(y + (H + g) * D, D, q[L_KNORM], d->eps, cos, sin, t, key);
-    uint16_t *kc = (uint16_t *)rw->cache[(r * d->L + l) * 2] + g * C * D;
-    uint16_t *vc = (uint16_t *)rw->cache[(r * d->L + l) * 2 + 1] + g * C * D;
+    uint16_t *kc = group_cache(d, rw, r, l, g, 0), *vc = group_cache(d, rw, r, l, g, 1);
     for (long i = 0; i < D; ++i) kc[pos * D + i] = to_bf16(key[i]);
     memcpy(vc + pos * D, y + (H + G + g) * D, (size_t)D * 2);
-    attend_group(qf + g * rr * D, kc, vc, len, D, rr,
+}
+
+/* Row r's attention of kv group g over its filled slots (the next group's
+   keys and values fetched meanwhile when `more`: the thread attends it
+   next) */
+static void attend_kv_group(const step_dims *d, long l, const step_buf *b,
+                            long r, long g, int more) {
+    const step_rows *rw = b->rw;
+    const long H = d->H, D = d->D, rr = H / d->G, len = (long)rw->pos[r] + 1;
+    const long C = rw->slots[r];
+    const uint16_t *kc = group_cache(d, rw, r, l, g, 0), *vc = group_cache(d, rw, r, l, g, 1);
+    attend_group(b->qf + (r * H + g * rr) * D, kc, vc, len, D, rr,
                  b->att + rw->att_at[r] + g * rr * len, b->ctx + (r * H + g * rr) * D,
                  more ? kc + C * D : NULL, more ? vc + C * D : NULL);
 }
@@ -364,8 +385,16 @@ static void attention(const step_dims *d, const void *const *q, long l,
     const long p0 = shared ? P * t / nt : (t ? P : 0);
     const long p1 = shared ? P * (t + 1) / nt : P;
     hook_stall(ln->mc.tm.t, ln->mc.tm.nt);
-    for (long pr = p0; pr < p1; ++pr)
-        attend_kv_group(d, q, l, b, pr / G, pr % G, pr + 1 < p1 && (pr + 1) % G);
+    for (long pr = p0; pr < p1; ++pr) {
+        write_kv_group(d, q, l, b, pr / G, pr % G);
+        if (!b->rw->shared)
+            attend_kv_group(d, l, b, pr / G, pr % G, pr + 1 < p1 && (pr + 1) % G);
+    }
+    if (b->rw->shared) { /* every key written before a row of the prompt attends */
+        team_barrier(&ln->mc.tm);
+        for (long pr = p0; pr < p1; ++pr)
+            attend_kv_group(d, l, b, pr / G, pr % G, pr + 1 < p1 && (pr + 1) % G);
+    }
     team_barrier(&ln->mc.tm);
     mv1(&ln->mc, b->ctx, H * D, H * D, q[L_WO], q[L_SO], E, b->y[1], y_max(d));
     for (long r = 0; r < m; ++r)
@@ -405,9 +434,19 @@ static void step_thread(const step_dims *d, const void *const *p,
         attention(d, q, l, b, &ln);
         feed_forward(d, q, b, &ln);
     }
+    long k = 0; /* the wanted rows, normed, to the front of hin */
     for (long r = 0; r < m; ++r)
-        rmsnorm(ln.x + r * E, E, p[G_FINAL_NORM], d->eps, ln.hin + r * k_max(d));
-    mv1(&ln.mc, ln.hin, k_max(d), E, p[G_HEAD], p[G_HEAD_SCALE], d->V, logits, d->V);
+        if (!b->rw->want || b->rw->want[r])
+            rmsnorm(ln.x + r * E, E, p[G_FINAL_NORM], d->eps, ln.hin + k++ * k_max(d));
+    ln.mc.m = k;
+    if (k) mv1(&ln.mc, ln.hin, k_max(d), E, p[G_HEAD], p[G_HEAD_SCALE], d->V, logits, d->V);
+}
+
+/* The rows whose logits a step computes */
+static long wanted(const step_rows *rw) {
+    long k = 0;
+    for (long r = 0; r < rw->m; ++r) k += !rw->want || rw->want[r];
+    return k;
 }
 
 /* The threads a step's team asks for: 1 without OpenMP */
@@ -436,7 +475,7 @@ static int decode_rows(const step_dims *d, const void *const *p, step_rows *rw,
     #pragma omp parallel num_threads(threads)
 #endif
     step_thread(d, p, &b, &c, logits);
-    for (long r = 0; r < rw->m; ++r) next[r] = argmax_bf16(logits + r * d->V, d->V);
+    for (long r = 0; r < wanted(rw); ++r) next[r] = argmax_bf16(logits + r * d->V, d->V);
     free(b.left);
     free(mem);
     return 0;
@@ -462,28 +501,32 @@ int qwen3_decode_step(const long *dims, double eps_d, const void *const *p,
         cache[2 * l + 1] = p[G_COUNT + l * L_COUNT + L_VC];
     }
     long att_at[1];
-    step_rows rw = {1, token_at, pos_at, &d.C, cache, att_at};
+    step_rows rw = {1, token_at, pos_at, &d.C, cache, att_at, NULL, 0};
     const int rc = decode_rows(&d, p, &rw, kernels, logits, next, threads);
     free(cache);
     return rc;
 }
 
 /* Logits (bf16, rows of vocab) for m rows at once and their argmaxes:
-   row r's token tokens[r] at position pos[r] of its own cache (slots[r]
+   row r's token tokens[r] at position pos[r] of its cache (slots[r]
    slots; caches[(r * layers + l) * 2] its keys of layer l, + 1 its
-   values), each row's bits those it gets alone. dims[D_CACHE]: the rows
-   of the table's RoPE cos/sin. kernels[2]: the int8_mm kernel. Codes as
+   values), each row's bits those it gets alone. Rows of one sequence (a
+   prompt: consecutive rows naming the same cache, positions in order) see
+   each other's keys, each row then the bits of the decode step that
+   would take its token. want: the rows whose logits and argmax are
+   computed, in that order (NULL: every row). dims[D_CACHE]: the rows of
+   the table's RoPE cos/sin. kernels[2]: the int8_mm kernel. Codes as
    qwen3_decode_step's. */
 int qwen3_decode_rows(const long *dims, double eps_d, const void *const *p,
                       long m, const int64_t *tokens, const int64_t *pos,
                       const void *const *caches, const long *slots,
-                      const int *kernels, uint16_t *logits, long *next,
-                      int threads) {
+                      const unsigned char *want, const int *kernels,
+                      uint16_t *logits, long *next, int threads) {
     step_dims d;
     if (read_sizes(dims, eps_d, &d) || m < 1) return 1;
     long *att_at = malloc((size_t)m * sizeof(long));
     if (!att_at) return 2;
-    step_rows rw = {m, tokens, pos, slots, caches, att_at};
+    step_rows rw = {m, tokens, pos, slots, caches, att_at, want, 0};
     const int rc = decode_rows(&d, p, &rw, kernels, logits, next, threads);
     free(att_at);
     return rc;
