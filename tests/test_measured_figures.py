@@ -71,8 +71,13 @@ def bonus_prefill(mode: str) -> str:
 
 
 def nb06_row(path: Path, column: str) -> str:
-    return cell(notebook_text(path), "Hardware" if path == NB06 else "硬件",
-                "EPYC", column)  # fmt: skip
+    """A cell of notebook 06's filled row; `column` is the English mode name
+    (the Chinese notebook's columns are its Chinese names)."""
+    from utils.language import in_language
+
+    zh = path != NB06
+    return cell(notebook_text(path), "硬件" if zh else "Hardware", "EPYC",
+                in_language(column, lang="zh" if zh else "en"))  # fmt: skip
 
 
 # (page, pattern with one group per figure, where each figure comes from)

@@ -23,7 +23,7 @@ from tests.markdown_text import (
     chart_text_literals,
     chinese_markdown,
 )
-from utils.plotting import ZH_CHART_TEXT
+from utils.language import ZH_TEXT
 
 ROOT = Path(__file__).resolve().parents[1]
 EN_DIR = ROOT / "ch02" / "01_main-chapter-code"
@@ -216,8 +216,8 @@ def test_every_chart_label_in_the_notebooks_has_a_translation():
         if cell.cell_type == "code"
         for text in chart_text_literals(cell.source)
     }
-    missing = sorted(used - set(ZH_CHART_TEXT))
-    assert missing == [], f"add these to utils.plotting.ZH_CHART_TEXT: {missing}"
+    missing = sorted(used - set(ZH_TEXT))
+    assert missing == [], f"add these to utils.language.ZH_TEXT: {missing}"
 
 
 # --------------------------------------------------------------------------
