@@ -267,6 +267,7 @@ class GenerationPanel(_View):
             min=1,
             max=context_length,
             description=in_language("Max tokens"),
+            style={"description_width": "initial"},  # the whole label, any language
         )
         self.cache_box = w.Checkbox(value=True, description=in_language("KV cache"))
         self.compile_box = w.Checkbox(
