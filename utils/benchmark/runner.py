@@ -414,7 +414,11 @@ class _Run:
             return (t.cpu() for t in PREPARE[kv.family](kv, self.book, ids, k).stream())
 
         uncached = not all(m.cache for m in chosen)
-        p = probe(kv_stream, ids.shape[1], forward if uncached else None, rows)
+        try:
+            p = probe(kv_stream, ids.shape[1], forward if uncached else None, rows)
+        except ModeSkipped as exc:  # no estimate, the run goes on
+            self.log(f"no estimate of the run's time: {exc}")
+            return
         seconds = estimate_run_s(p, chosen, self.n, self.repeats)
         self.log(estimate_line(p, seconds, len(chosen)))
 
