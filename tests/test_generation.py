@@ -107,6 +107,29 @@ def test_generate_stats_reports_speed_and_memory(capsys):
     assert "GB" in printed
 
 
+@pytest.mark.slow  # a notebook kernel
+def test_a_cell_that_ends_with_generate_stats_shows_its_lines_once():
+    """The book's Listing 2.3 cell ends with the call: Jupyter showed the
+    returned dict under the printed lines (notebook 05). Now only the lines;
+    the next cell still reads the dict."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "import torch\nfrom utils.generation import generate_stats\n"
+            "generate_stats(torch.zeros(1, 8), None, 0.0, 2.0)"
+        ),
+        nbformat.v4.new_code_cell("_['tokens_per_sec'], len(_)"),
+    ]
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    first, second = (cell.outputs for cell in nb.cells)
+    assert [o.output_type for o in first] == ["stream"]
+    assert "Time: 2.00 sec\n4 tokens/sec" in first[0].text
+    assert second[0].data["text/plain"] == "(4.0, 6)"
+
+
 @pytest.mark.parametrize("elapsed", [0.0, -0.5])
 def test_generate_stats_without_elapsed_time_prints_instead_of_raising(elapsed, capsys):
     # A run too short for the clock (or a wall clock that stepped back)

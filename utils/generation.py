@@ -186,6 +186,16 @@ def stats_lines(stats: dict[str, Any], decimal_below: float = 1.0) -> list[str]:
     return [f"Time: {stats['time_s']:.2f} sec", speed, memory]
 
 
+class PrintedStats(dict):
+    """`generate_stats`' figures, a dict. Its lines are printed already (the
+    book's function prints them and returns None), so Jupyter does not echo
+    the dict again when the call ends a cell, as the book's Listing 2.3 cells
+    do; `print(stats)` or `stats["time_s"]` read it as usual."""
+
+    def _ipython_display_(self) -> None:
+        """Shown as nothing: IPython calls this instead of printing Out[n]."""
+
+
 def generate_stats(
     output_token_ids: torch.Tensor,
     tokenizer: Any,
@@ -212,7 +222,7 @@ def generate_stats(
     if not quiet:
         print("\n\n" + "\n".join(stats_lines(stats)))
     reset_peak_memory(device)
-    return stats
+    return PrintedStats(stats)
 
 
 # ---------------------------------------------------------------------------

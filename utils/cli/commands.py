@@ -47,6 +47,7 @@ from utils.stdio import InputEncodingError, check_input_file, decode_input, utf8
 LOG_NAME = "utils.cli"  # not __name__, which is "__main__" under python -m
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 EMPTY_THINK = "<think>\n\n</think>\n\n"
+STANDIN_TOKENS = 30  # an answer's default length with stand-in weights
 
 
 def _positive_int(text: str) -> int:
@@ -105,9 +106,12 @@ def _add_common(p: argparse.ArgumentParser, default_tokens: int) -> None:
     p.add_argument(
         "--max-new-tokens",
         type=_positive_int,
-        default=default_tokens,
-        help="most tokens to generate per answer",
+        default=None,
+        help=f"most tokens to generate per answer (default: {default_tokens}; "
+        f"{STANDIN_TOKENS} with stand-in weights, whose answers never end by "
+        "themselves)",
     )
+    p.set_defaults(answer_tokens=default_tokens)
     p.add_argument(
         "--cache",
         action=argparse.BooleanOptionalAction,
@@ -121,6 +125,22 @@ def _add_common(p: argparse.ArgumentParser, default_tokens: int) -> None:
         "minutes on a CPU); with --fast: the fastest kind that runs here "
         "(the native step where it runs, else the compiled transformer block)",
     )
+
+
+def _answer_length(args: argparse.Namespace, standin: bool) -> int:
+    """--max-new-tokens, else the command's default; with stand-in weights
+    (random: they never write the end-of-sequence token, so every answer
+    runs to the limit, an hour of 1,024 tokens on a slow machine) a short
+    one, said beside the stand-in banner."""
+    if args.max_new_tokens is not None:
+        return args.max_new_tokens
+    if not standin:
+        return args.answer_tokens
+    get_logger(LOG_NAME).warning(
+        f"stand-in weights never end an answer: each stops after "
+        f"{STANDIN_TOKENS} tokens (--max-new-tokens N for longer ones)"
+    )
+    return STANDIN_TOKENS
 
 
 def _say(text: str) -> None:
@@ -333,6 +353,7 @@ def _generate(argv: Sequence[str] | None) -> int:
     sampling = sampling_from(args)
     _set_threads(args.threads)
     run = load(args, kind, **tok_kwargs)
+    args.max_new_tokens = _answer_length(args, run.standin)
     try:
         prompt_ids = run.tokenizer.encode(args.prompt)
     except Exception as exc:  # the tokenizer's own limits
@@ -649,6 +670,7 @@ def _chat(argv: Sequence[str] | None) -> int:
     sampling = sampling_from(args)
     _set_threads(args.threads)
     run = load(args, "reasoning")
+    args.max_new_tokens = _answer_length(args, run.standin)
     model_context = run.model.cfg["context_length"]
     context = args.context_length or model_context
     if context > model_context:
