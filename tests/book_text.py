@@ -110,7 +110,7 @@ DOCUMENTED: dict[int, list[tuple[str, str]]] = {
 # Where each code block of the chapter is typed: a code cell of its own
 # ("cell", after the documented edits), one line of a cell that lets the
 # reader switch it on ("line"), or a fenced block in a markdown cell that
-# explains it ("markdown"). Section 2.2's commands are in the root README.
+# explains it ("markdown"). Section 2.2's commands are on the installing page.
 TYPED = {
     8: ("01_tokenizer.ipynb", "cell"),
     10: ("01_tokenizer.ipynb", "cell"),

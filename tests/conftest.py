@@ -338,3 +338,45 @@ def tiny_cli(monkeypatch, tiny):
 
     monkeypatch.setattr(cli, "load", fake_load)
     return tiny
+
+
+@pytest.fixture
+def unpinned():
+    """torch's thread count and the native steps' pin as they were, after
+    the test."""
+    import torch
+
+    from utils.fast.threads import pin_step_threads
+
+    before = torch.get_num_threads()
+    yield
+    pin_step_threads(None)
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def bf16_cli(monkeypatch, tiny):
+    """The commands' `load` (qwen3-generate, qwen3-chat, qwen3-batch) hands
+    out the tiny model in bf16, which the native step runs, with the real
+    tokenizer."""
+    import torch
+
+    from tests._view_fixtures import TINY_CFG, load_tokenizer, tiny_model
+    from utils.cli import batch as batch_command
+    from utils.cli import commands as cli
+    from utils.models import load_book_model
+    from utils.streaming import GreedyStreamer
+
+    _, _, tok_path = tiny
+    sd = tiny_model().state_dict()
+
+    def fake_load(args, kind, **tokenizer_kwargs):
+        cli._check_fast(args.fast, args.cache, args.int8)
+        model = load_book_model(sd, dtype=torch.bfloat16, cfg=TINY_CFG)
+        t = load_tokenizer(tok_path, **tokenizer_kwargs)
+        streamer = GreedyStreamer(model, int8=args.int8, adopt=args.fast)
+        return cli.Loaded(t, model, torch.device("cpu"), streamer, True)
+
+    monkeypatch.setattr(cli, "load", fake_load)
+    monkeypatch.setattr(batch_command, "load", fake_load)
+    return fake_load

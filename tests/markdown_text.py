@@ -25,10 +25,9 @@ from markdown_it import MarkdownIt
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+README_ZH = ROOT / "README.zh.md"  # the same first screen, in Chinese
 NOTEBOOKS = ROOT / "ch02" / "01_main-chapter-code"
 ZH_NOTEBOOKS = NOTEBOOKS / "zh"
-# The README's Chinese part runs from this heading to the next `## ` heading.
-README_ZH_HEADING = "## 中文快速上手"
 # Folders that are not the repository's own documents.
 SKIPPED_DIRS = {".git", ".venv", "node_modules", "qwen3"}
 # Besides East Asian wide and full-width characters, the punctuation Chinese
@@ -76,13 +75,6 @@ def notebook_cells(path: Path) -> list[Doc]:
     ]
 
 
-def readme_chinese_part(text: str) -> str:
-    """The README from `## 中文快速上手` to the next level-2 heading."""
-    start = text.index(README_ZH_HEADING)
-    end = text.find("\n## ", start + len(README_ZH_HEADING))
-    return text[start : end + 1 if end >= 0 else len(text)]
-
-
 def all_markdown() -> list[Doc]:
     """Every `*.md` file and every notebook's markdown cells."""
     files = [Doc(rel(p), p, p.read_text(encoding="utf-8")) for p in repo_files(".md")]
@@ -91,19 +83,14 @@ def all_markdown() -> list[Doc]:
 
 
 def chinese_markdown() -> list[Doc]:
-    """Every `*.zh.md`, the README's Chinese part, the zh notebooks' cells."""
+    """Every `*.zh.md` (`README.zh.md` among them) and the zh notebooks' cells."""
     files = [
         Doc(rel(p), p, p.read_text(encoding="utf-8")) for p in repo_files(".zh.md")
     ]
-    readme = Doc(
-        f"README.md ({README_ZH_HEADING[3:]})",
-        README,
-        readme_chinese_part(README.read_text(encoding="utf-8")),
-    )
     cells = [
         d for nb in sorted(ZH_NOTEBOOKS.glob("*.ipynb")) for d in notebook_cells(nb)
     ]
-    return files + [readme] + cells
+    return files + cells
 
 
 # --- What the rendered text shows -------------------------------------------

@@ -802,24 +802,19 @@ def test_the_time_left_is_the_mean_time_of_the_modes_so_far_times_those_left():
     assert "(about 40 s left, " in benchmark.progress_line(1, 3, "fast", 20.0)
 
 
-def test_a_long_phase_off_a_terminal_says_it_is_still_running(monkeypatch, capsys):
+def test_a_long_phase_says_it_is_still_running(monkeypatch, capsys):
+    """No token for a while (a compile): the run's ticker speaks anyway."""
     import time
 
-    monkeypatch.setattr(benchmark_modes, "HEARTBEAT_S", 0.05)
+    from utils.benchmark import progress
 
-    def slow_first_token():
-        time.sleep(0.5)  # a compile: no token for a while
-        yield 1
-        yield 2
-
-    desc = "fast_compiled: warm-up, compiling (minutes on a CPU)"
-    got = benchmark_modes.time_stream(
-        slow_first_token, torch.device("cpu"), progress=desc, total=2
-    )
-    assert got["tokens"] == 2
+    ticker = progress.Ticker(every_s=0.05)
+    with ticker:
+        ticker.phase("fast_compiled: warm-up, compiling (minutes on a CPU)")
+        time.sleep(0.5)
     err = capsys.readouterr().err
-    assert f"{desc}: still running, 0 tokens after 0 s" in err
-    assert err.strip().endswith("done, 2 tokens in 0.5 s")
+    assert "fast_compiled: warm-up, compiling (minutes on a CPU), 0 s, still " in err
+    assert err.count("still running") >= 3
 
 
 def _interrupt(*args, **kwargs):
@@ -1003,14 +998,16 @@ def test_runs_drop_the_no_cuda_runtime_line_and_only_it(monkeypatch):
     assert seen == ["another warning", "No CUDA runtime is found, after the run"]
 
 
-def test_a_phase_cut_short_says_stopped_not_done(capsys):
-    def interrupted():
-        yield 1
-        raise KeyboardInterrupt
+def test_a_phase_cut_short_says_stopped_not_done(monkeypatch, capsys):
+    def interrupted(mode, book, token_ids, n):
+        def stream():
+            yield torch.tensor([[1]])
+            raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
-        benchmark_modes.time_stream(
-            interrupted, torch.device("cpu"), progress="kv_cache: warm-up", total=5
-        )
+        return benchmark_modes.Prepared(stream, book)
+
+    monkeypatch.setitem(benchmark_modes.PREPARE, "fast", interrupted)
+    with pytest.raises(benchmark.BenchmarkInterrupted):
+        tiny_run(["kv_cache", "fast"], quiet=False)
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("utils.benchmark: kv_cache: warm-up: stopped, 1 tokens")
+    assert err[-1].startswith("utils.benchmark: fast: warm-up: stopped, 1 tokens")

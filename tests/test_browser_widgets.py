@@ -7,10 +7,12 @@ weights) and drives it with Playwright's Python API and the OS Chromium:
 * 01_tokenizer: run all cells, no error; the token explorer shows the book's
   six tokens and ids; typing a new sentence updates the boxes and the count;
   CJK and emoji glyphs render (not the missing-glyph box) where fonts exist.
-* 04_generate (its set-up, model and panel cells: nbval runs the rest):
-  run them, no error; "Generate" streams growing text and
-  ends with the statistics line; "Stop" ends a long run early and says so;
-  the panel then generates again.
+* zh/04_generate, the Chinese copy (its set-up, model and panel cells:
+  nbval runs the rest): run them, no error; the panel speaks Chinese, no
+  label cut short; "生成" (Generate) streams growing text and ends with the
+  statistics line; "停止" (Stop) ends a long run early and says so; the
+  panel then generates again. (The English panel's words are the same code
+  with the English table: tests/test_widgets.py.)
 
 Screenshots of each widget go to $CI_ARTIFACTS (or a temp dir), listed at the
 end of the run. Skipped with one line where Playwright or Chromium is missing
@@ -37,12 +39,14 @@ from typing import Any
 
 import pytest
 
+from utils.language import ZH_TEXT
+
 pytestmark = pytest.mark.slow  # a real JupyterLab in a real Chromium
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO / "ch02" / "01_main-chapter-code"
 TOKENIZER_NB = "01_tokenizer.ipynb"
-GENERATE_NB = "04_generate.ipynb"
+GENERATE_NB = "zh/04_generate.ipynb"  # Jupyter runs its kernel in zh/
 BROWSER_ENV = "QWEN3_BROWSER"
 
 BOOK_PROMPT = "Explain large language models."
@@ -285,6 +289,7 @@ def write_panel_notebook(source: Path, dest: Path) -> None:
 def lab(chromium_path: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
     root = tmp_path_factory.mktemp("lab-root")
     shutil.copy2(NOTEBOOK_DIR / TOKENIZER_NB, root / TOKENIZER_NB)
+    (root / GENERATE_NB).parent.mkdir()
     write_panel_notebook(NOTEBOOK_DIR / GENERATE_NB, root / GENERATE_NB)
     server = Lab(root, tmp_path_factory.mktemp("lab-home"))
     try:
@@ -580,7 +585,8 @@ def test_cjk_and_emoji_render_with_real_glyphs(
 # 04_generate: the generation panel
 # --------------------------------------------------------------------------
 
-STATUS_RE = re.compile(r"^(done|stopped): (\d+) tokens, [\d.]+ tokens/sec")
+# The Chinese panel's status line ("done: 12 tokens, 3.4 tokens/sec")
+STATUS_RE = re.compile(r"^(完成|已停止)：(\d+) 个 token，每秒 [\d.]+ 个 token")
 
 # Records every text the output shows, to see it grow while streaming.
 OBSERVE_JS = """root => {
@@ -592,6 +598,13 @@ OBSERVE_JS = """root => {
     window.__qwen3Observer.observe(
         out, {subtree: true, childList: true, characterData: true});
 }"""
+
+# Each description label of the panel, and whether its text is cut short
+# (ipywidgets' labels end in an ellipsis where the text is wider than them).
+LABELS_JS = """root => [...root.querySelectorAll('.widget-label, label')]
+    .filter(el => el.textContent.trim())
+    .map(el => ({text: el.textContent.trim(),
+                 cut: el.scrollWidth > el.clientWidth + 1}))"""
 
 STATUS_JS = """([root, pattern]) => {
     const status = root.querySelector('.qwen3-generation-status').textContent;
@@ -606,8 +619,8 @@ class Panel:
         self.nb = nb
         self.root = nb.widget("qwen3-generation-panel")
         self.handle = self.root.element_handle()
-        self.generate = self.root.locator("button", has_text="Generate")
-        self.stop = self.root.locator("button", has_text="Stop")
+        self.generate = self.root.locator("button", has_text=ZH_TEXT["Generate"])
+        self.stop = self.root.locator("button", has_text=ZH_TEXT["Stop"])
 
     def set_max_tokens(self, n: int) -> None:
         box = self.root.locator("input[type='number']")
@@ -635,13 +648,18 @@ def test_generation_panel_streams_stops_and_restarts(generate_nb: Notebook) -> N
     nb = generate_nb
     panel = Panel(nb)
     assert panel.generate.is_enabled() and panel.stop.is_disabled()
+    labels = panel.root.evaluate(LABELS_JS)
+    shown = [label["text"] for label in labels]
+    assert "提示词" in shown and "最多 token 数" in shown, shown
+    cut = [label["text"] for label in labels if label["cut"]]
+    assert not cut, f"labels cut short (an ellipsis): {cut}"
 
     # A short run: the text grows while it streams, then the statistics line.
     asked = 12
     panel.set_max_tokens(asked)
     panel.root.evaluate(OBSERVE_JS)
     panel.generate.click()
-    status = panel.wait_status(r"^done: ", "the first run to finish")
+    status = panel.wait_status(r"^完成：", "the first run to finish")
     match = STATUS_RE.match(status)
     assert match, status
     assert 1 <= int(match[2]) <= asked
@@ -657,9 +675,9 @@ def test_generation_panel_streams_stops_and_restarts(generate_nb: Notebook) -> N
     long_run = 2000
     panel.set_max_tokens(long_run)
     panel.generate.click()
-    panel.wait_status(r"^generating: ([2-9]|\d\d+) tokens", "the long run to stream")
+    panel.wait_status(r"^生成中：([2-9]|\d\d+) 个 token", "the long run to stream")
     panel.stop.click()
-    status = panel.wait_status(r"^stopped: ", "the stop to take effect")
+    status = panel.wait_status(r"^已停止：", "the stop to take effect")
     match = STATUS_RE.match(status)
     assert match and int(match[2]) < long_run, status
     assert panel.generate.is_enabled() and panel.stop.is_disabled()
@@ -669,7 +687,7 @@ def test_generation_panel_streams_stops_and_restarts(generate_nb: Notebook) -> N
     again = 3
     panel.set_max_tokens(again)
     panel.generate.click()
-    status = panel.wait_status(r"^done: ", "the restarted run to finish")
+    status = panel.wait_status(r"^完成：", "the restarted run to finish")
     match = STATUS_RE.match(status)
     assert match and 1 <= int(match[2]) <= again, status
     assert panel.output.strip()

@@ -242,6 +242,7 @@ def test_console_scripts_are_declared():
     assert scripts == {
         "qwen3-generate": "utils.cli:generate_main",
         "qwen3-chat": "utils.cli:chat_main",
+        "qwen3-batch": "utils.cli:batch_main",
     }
 
 
@@ -699,6 +700,24 @@ def test_the_command_prints_one_decimal_below_ten(tiny_cli, capsys, monkeypatch)
     assert "\n1.9 tokens/sec\n" in capsys.readouterr().err
 
 
+def test_with_stand_in_weights_an_answer_is_short_unless_asked(tiny_cli, capsys):
+    """Random weights never write the end-of-sequence token, so an answer ran
+    to 1,024 tokens in the chat (an hour on a slow machine): by default it
+    stops at 30, which the command says; --max-new-tokens still rules, and
+    --help gives both defaults."""
+    assert cli.generate_main(["--prompt", PROMPT, "--print-ids"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.rsplit("Token ids: ", 1)[1].split()) == cli.STANDIN_TOKENS == 30
+    assert "stand-in weights never end an answer: each stops after 30 tokens" in err
+    args = ["--prompt", PROMPT, "--print-ids", "--max-new-tokens", "4"]
+    assert cli.generate_main(args) == 0
+    out, err = capsys.readouterr()
+    assert len(out.rsplit("Token ids: ", 1)[1].split()) == 4 and "never end" not in err
+    for parser, default in ((cli.generate_parser, 100), (cli.chat_parser, 1024)):
+        shown = " ".join(parser().format_help().split())
+        assert f"(default: {default}; 30 with stand-in weights," in shown
+
+
 def test_prompt_too_long_for_memory_is_refused_before_any_work(
     tiny_cli, monkeypatch, capsys
 ):
@@ -882,7 +901,7 @@ def test_help_shows_defaults_only_where_there_is_one():
     text = " ".join(cli.generate_parser().format_help().split())
     assert "(default: None)" not in text
     assert "the text to continue (default" not in text  # --prompt is required
-    assert "most tokens to generate per answer (default: 100)" in text
+    assert "most tokens to generate per answer (default: 100; 30 with stand-in" in text
 
 
 def test_a_prompt_that_is_not_utf8_names_the_argument(tiny_cli, capsys):

@@ -1,11 +1,11 @@
 """Every project command the docs print runs as printed.
 
-The README and the set-up tips show `uv run python -m utils.<command> ...`,
-`uv run qwen3-generate ...` and `uv run python scripts/...` lines. Each one is
-parsed by the command's own argument parser (required options, choices and
-types are checked without doing the work), and each script it names exists.
-A line a reader would paste and see fail with "the following arguments are
-required" fails here first.
+The READMEs, the pages in docs/ and the set-up tips show `uv run python -m
+utils.<command> ...`, `uv run qwen3-generate ...` and `uv run python
+scripts/...` lines. Each one is parsed by the command's own argument parser
+(required options, choices and types are checked without doing the work),
+and each script it names exists. A line a reader would paste and see fail
+with "the following arguments are required" fails here first.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from utils.hf_interop import convert as hf_interop
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted(
-    [ROOT / "README.md", *ROOT.glob("ch02/**/*.md")],
+    [*ROOT.glob("README*.md"), *ROOT.glob("docs/*.md"), *ROOT.glob("ch02/**/*.md")],
     key=lambda p: str(p),
 )
+COMMANDS_PAGE = ROOT / "docs" / "commands.md"
 # what starts a project command, after an optional `uv run [options]`
 COMMAND = re.compile(
     r"(?:uv run (?:--\S+ (?:\S+ )?)*)?"
@@ -134,8 +135,8 @@ def test_no_page_tells_a_reader_to_copy_model_files():
     assert not said, said
 
 
-# What the README says a failed download prints, and what it does print.
-DOWNLOAD_HINTS = {  # the README's words -> what the message must contain
+# What the commands page says a failed download prints, and what it does print.
+DOWNLOAD_HINTS = {  # the page's words -> what the message must contain
     "proxy": "HTTPS_PROXY",
     "captive portal": "captive portal",
     "`HF_ENDPOINT`": "HF_ENDPOINT=https://hf-mirror.com",
@@ -147,7 +148,7 @@ DOWNLOAD_HINTS = {  # the README's words -> what the message must contain
 
 
 def readme_failed_download() -> str:
-    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    text = " ".join(COMMANDS_PAGE.read_text(encoding="utf-8").split())
     start = text.index("A failed download ends the same way")
     return text[start : text.index(".", text.index("lines", start))]
 
@@ -156,7 +157,7 @@ def readme_failed_download() -> str:
 def test_a_failed_download_prints_what_the_readme_says(tmp_path):
     """Offline, `qwen3-generate` ends with progress lines (each source as it
     fails), then one `error:` line, the addresses tried and the hints the
-    README lists; about as many lines as the README says; exit status 2."""
+    commands page lists; about as many lines as it says; exit status 2."""
     import os
     import subprocess
     import sys
@@ -185,13 +186,6 @@ def test_a_failed_download_prints_what_the_readme_says(tmp_path):
     about = int(re.search(r"about (\d+) lines", said).group(1))
     assert abs(len(lines) - about) <= 6, (len(lines), about)
     assert not (tmp_path / "store").exists() or not any((tmp_path / "store").iterdir())
-
-
-def test_the_readme_starts_with_what_a_reader_needs():
-    """Before the Quick start: where it runs, not test counts."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    before = text[: text.index("## Quick start")]
-    assert not re.search(r"\d+ passed|\d+ skipped", before)
 
 
 def test_pages_that_say_no_sync_say_why():

@@ -345,7 +345,6 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     }
 
 
-
 def test_standin_call_leaves_real_downloads_alone(
     hosts, payloads, tmp_path, monkeypatch, capsys, tiny_standin_weights
 ):
@@ -623,6 +622,7 @@ def test_timeout_setting(monkeypatch):
 # --------------------------------------------------------------------------
 # Two processes, one folder; the Hub path across runs; Xet
 # --------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_two_processes_share_one_folder(hosts, payloads, tmp_path):

@@ -107,6 +107,29 @@ def test_generate_stats_reports_speed_and_memory(capsys):
     assert "GB" in printed
 
 
+@pytest.mark.slow  # a notebook kernel
+def test_a_cell_that_ends_with_generate_stats_shows_its_lines_once():
+    """The book's Listing 2.3 cell ends with the call: Jupyter showed the
+    returned dict under the printed lines (notebook 05). Now only the lines;
+    the next cell still reads the dict."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "import torch\nfrom utils.generation import generate_stats\n"
+            "generate_stats(torch.zeros(1, 8), None, 0.0, 2.0)"
+        ),
+        nbformat.v4.new_code_cell("_['tokens_per_sec'], len(_)"),
+    ]
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    first, second = (cell.outputs for cell in nb.cells)
+    assert [o.output_type for o in first] == ["stream"]
+    assert "Time: 2.00 sec\n4 tokens/sec" in first[0].text
+    assert second[0].data["text/plain"] == "(4.0, 6)"
+
+
 @pytest.mark.parametrize("elapsed", [0.0, -0.5])
 def test_generate_stats_without_elapsed_time_prints_instead_of_raising(elapsed, capsys):
     # A run too short for the clock (or a wall clock that stepped back)
@@ -169,3 +192,26 @@ def test_stats_lines_keep_the_books_whole_numbers_unless_asked():
     assert stats_lines({**stats, "tokens_per_sec": 12.6}, decimal_below=10)[1] == (
         "12 tokens/sec"
     )
+
+
+def test_the_books_batched_model_shares_the_weights_and_pads_on_the_left():
+    from reasoning_from_scratch.ch02 import generate_text_basic_cache
+    from reasoning_from_scratch.qwen3_batched import (
+        generate_text_basic_batched_cache_stop,
+    )
+
+    from tests.tiny import tiny_config, tiny_state_dict
+    from utils.models import batched_book_model, left_padded, load_book_model
+
+    cfg = tiny_config(context_length=512)
+    book = load_book_model(tiny_state_dict(0, cfg), cfg=cfg)
+    batched = batched_book_model(book)
+    assert batched.tok_emb.weight is book.tok_emb.weight
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 8, 7]]
+    ids, mask = left_padded(prompts, pad_id=0)
+    assert ids.tolist()[1] == [0, 0, 0, 0, 9, 8, 7] and mask.sum().item() == 10
+    got = generate_text_basic_batched_cache_stop(batched, ids, 8, attn_mask=mask)
+    # float32: each row the tokens the row gets alone
+    for row, prompt in zip(got.tolist(), prompts, strict=True):
+        alone = generate_text_basic_cache(book, torch.tensor([prompt]), 8)
+        assert row == alone[0].tolist()

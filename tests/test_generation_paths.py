@@ -42,9 +42,7 @@ def _tiny_run(model, modes: list[str]) -> list[dict]:
     )  # fmt: skip
 
 
-def test_an_added_entry_is_a_benchmark_mode_and_a_streamer_path(
-    monkeypatch, model
-):
+def test_an_added_entry_is_a_benchmark_mode_and_a_streamer_path(monkeypatch, model):
     again = Recording("kv_cache_again", "book KVCache, once more", frozenset({"cache"}))
     _with_entries(monkeypatch, again)
     names = benchmark.mode_names()
@@ -98,8 +96,10 @@ def test_switches_name_registry_entries():
     for path in streaming.generation_paths():
         mode = benchmark.get_mode(path.name)
         assert mode.family == path.family and mode.note == path.summary
-        assert mode.cpu_only == ("cpu" in path.needs) == (
-            path.unavailable("cuda") is not None
+        assert (
+            mode.cpu_only
+            == ("cpu" in path.needs)
+            == (path.unavailable("cuda") is not None)
         )
         assert mode.compiled == ("compile" in path.needs)
         assert mode.cache == ("cache" in path.needs) != mode.slow_on_cpu

@@ -180,7 +180,13 @@ def test_mirror_recipe_keeps_the_lock_and_its_versions(world):
     # The recipe: the lock as a hashed requirements file, installed from the
     # mirror; the lock is only read.
     req = project.parent / "requirements-locked.txt"
-    run(["export", "--frozen", "--no-emit-project", "-o", str(req)], project, env)
+    # as the guide exports it: --quiet, or uv prints the whole file too
+    loud = run(
+        ["export", "--frozen", "--no-emit-project", "-o", str(req)], project, env
+    )
+    assert "mirrortest-alpha==1.0" in loud.stdout
+    quiet = ["export", "--frozen", "--quiet", "--no-emit-project", "-o", str(req)]
+    assert run(quiet, project, env).stdout == ""
     assert "mirrortest-alpha==1.0" in req.read_text()
     assert "--hash=sha256:" in req.read_text()
     run(

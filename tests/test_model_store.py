@@ -304,7 +304,7 @@ def test_the_commands_default_finds_what_a_notebook_downloaded(
 
 
 def test_the_documented_benchmark_run_writes_nothing_into_the_repository():
-    """The README's benchmark command prints its table and writes no file
+    """The benchmark page's command prints its table and writes no file
     (it wrote `results.json` into the repository root), and the model files
     it needs come from the store, not from a `qwen3/` in the repository."""
     import shlex
@@ -314,7 +314,7 @@ def test_the_documented_benchmark_run_writes_nothing_into_the_repository():
 
     runs = [
         line.split("python -m utils.benchmark", 1)[1]
-        for line in code_snippets((ROOT / "README.md").read_text())
+        for line in code_snippets((ROOT / "docs" / "benchmark.md").read_text())
         if "python -m utils.benchmark --device" in line
     ]
     assert runs

@@ -235,9 +235,21 @@ def test_generate_writes_the_same_answer_under_every_code_page(
     """The issue's case: a Chinese prompt, --fast, answer redirected to a
     file; under GBK and cp1252 it was lost (rc 2, empty file)."""
     standin_files(tmp_path_factory, "base", tokenizer_only=False)
-    args = [sys.executable, "-m", "utils.cli", "generate", "--prompt",
-            "你好，请解释大语言模型。", "--max-new-tokens", "4", "--fast",
-            "--device", "cpu", "--out-dir", str(standin_root(tmp_path_factory))]
+    args = [
+        sys.executable,
+        "-m",
+        "utils.cli",
+        "generate",
+        "--prompt",
+        "你好，请解释大语言模型。",
+        "--max-new-tokens",
+        "4",
+        "--fast",
+        "--device",
+        "cpu",
+        "--out-dir",
+        str(standin_root(tmp_path_factory)),
+    ]
     answers = {
         page: run_to_file(args, under(env, page), tmp_path, f"{page}.txt")[0]
         for page in CODE_PAGES
@@ -314,9 +326,7 @@ sys.exit(benchmark.main(sys.argv[2:]))
 
 
 @pytest.mark.slow  # subprocesses
-def test_benchmark_table_json_and_csv_are_the_same_under_every_code_page(
-    env, tmp_path
-):
+def test_benchmark_table_json_and_csv_are_the_same_under_every_code_page(env, tmp_path):
     """The report of a quick run (kv_cache, two tokens, on the tiny model;
     its rows given to the three runs, so they agree) to a file, --json and
     --csv: UTF-8 bytes alike (the table's header has a `±`)."""

@@ -224,3 +224,46 @@ def test_plot_top_k_returns_figure_without_pyplot(tok, model):
         import matplotlib.pyplot as plt
 
         assert fig not in [plt.figure(n) for n in plt.get_fignums()]
+
+
+def test_the_live_chart_draws_the_pieces_as_notebook_03s_chart_does(monkeypatch):
+    """The next-token view's chart labels a CJK piece with its characters
+    (it once showed '\\u4f18\\u5148'), through the label function notebook
+    03's own chart uses, with no glyph missing; in a zh notebook its title
+    and axis are Chinese."""
+    import warnings
+
+    from utils import language, plotting
+
+    if plotting.find_cjk_font() is None:
+        pytest.skip("no CJK font installed (e.g. apt install fonts-noto-cjk)")
+    top = TopK(ids=[104747, 14177, 125696, 99],
+               pieces=["优先", " acceler", " пере", "\U0001f34b"],
+               probs=[0.5, 0.2, 0.1, 0.05])  # fmt: skip
+    for lang in ("en", "zh"):
+        monkeypatch.setenv(language.LANG_ENV, lang)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a missing glyph warns
+            fig = plot_top_k(top)
+            figure_png(fig)
+        ax = fig.axes[0]
+        labels = [t.get_text() for t in ax.get_yticklabels()]
+        assert labels == [
+            f"{plotting.chart_label(p)}  ({i})"
+            for i, p in zip(top.ids, top.pieces, strict=True)
+        ]
+        assert labels[0] == "'优先'  (104747)" and labels[2] == "' пере'  (125696)"
+        zh = lang == "zh"
+        assert ax.get_title() == (
+            "下一个 token 的前 4 个候选" if zh else "Top 4 next tokens"
+        )
+        assert ax.get_xlabel() == ("概率" if zh else "probability")
+
+
+def test_a_character_no_font_draws_is_an_escape_not_a_box(monkeypatch):
+    from utils import plotting
+
+    monkeypatch.setattr(plotting, "_drawable", lambda families: frozenset(range(128)))
+    assert plotting.chart_label(" ok") == "' ok'"
+    assert plotting.chart_label("优先") == "'\\u4f18\\u5148'"
+    assert plotting.chart_label("a\U0001f34b") == "'a\\U0001f34b'"

@@ -169,3 +169,36 @@ def test_panel_and_next_token_view_show_unknown_ids(tok):
     assert view.topk.pieces[0] == f"<unk:{view.topk.ids[0]}>"
     view.step_button.click()  # an unknown id can be appended and shown
     assert "&lt;unk:" in view.text_html.value
+
+
+def test_the_widgets_speak_the_notebooks_language(tok, model, monkeypatch):
+    """In a zh notebook the buttons, boxes, counts, chart and status line are
+    Chinese (they once read "Next token", "Step", "Generate", "6 tokens");
+    in an English one, English."""
+    from utils.language import LANG_ENV
+
+    monkeypatch.setenv(LANG_ENV, "zh")
+    view = widgets.next_token_view(model, tok, PROMPT, k=3, plain=False)
+    said = [view.choice.description, view.step_button.description,
+            view.reset_button.description]  # fmt: skip
+    assert said == ["下一个 token", "前进一步", "重置"]
+    explorer = widgets.token_explorer(tok, PROMPT, plain=False)
+    assert explorer.text_box.description == "文本"
+    assert "<b>6 个 token</b>" in explorer.tokens_html.value
+    panel = widgets.generation_panel(model, tok, PROMPT, max_new_tokens=3, plain=False)
+    boxes = [panel.prompt_box, panel.max_tokens, panel.cache_box, panel.fast_box,
+             panel.generate_button, panel.stop_button]  # fmt: skip
+    said = [box.description for box in boxes]
+    assert said == ["提示词", "最多 token 数", "KV 缓存", "快速路径", "生成", "停止"]
+    panel.start()
+    assert panel.wait(timeout=60) and panel.error is None
+    assert panel.status.value.startswith("完成：3 个 token，每秒 ")
+    assert "；进程内存峰值（RSS）：" in panel.status.value
+
+    monkeypatch.setenv(LANG_ENV, "en")
+    view = widgets.next_token_view(model, tok, PROMPT, k=3, plain=False)
+    assert view.step_button.description == "Step"
+    assert (
+        "<b>6 tokens</b>"
+        in widgets.token_explorer(tok, PROMPT, plain=False).tokens_html.value
+    )

@@ -1,13 +1,13 @@
 """A Chinese page's links lead to Chinese pages.
 
-Every link in every `*.zh.md`, in the README's Chinese part and in the zh
+Every link in every `*.zh.md` (`README.zh.md` among them) and in the zh
 notebooks' markdown must point at something that exists: a file or folder of
 the repository, and where it names an anchor, a heading of that file with
 that anchor as GitHub makes it. A link into prose (Markdown or a notebook)
-must land in Chinese prose: a `*.zh.md` file, a zh notebook, or a heading of
-the README's Chinese part. The one way into English prose is a link whose
-text says so (`English`, `英文`), such as the language switch at the top of
-each page. Web addresses are not checked (the tests run offline).
+must land in Chinese prose: a `*.zh.md` file or a zh notebook. The one way
+into English prose is a link whose text says so (`English`, `英文`), such as
+the language switch at the top of each page. Web addresses are not checked
+(the tests run offline).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from tests.markdown_text import (
-    README,
+    README_ZH,
     ROOT,
     ZH_NOTEBOOKS,
     Doc,
@@ -26,7 +26,6 @@ from tests.markdown_text import (
     headings,
     links,
     notebook_cells,
-    readme_chinese_part,
     rel,
 )
 
@@ -34,21 +33,12 @@ DOCS = chinese_markdown()
 ENGLISH_LABELS = ("English", "英文")
 
 
-def anchors(path: Path, whole: bool = False) -> set[str]:
-    """The anchors a link may use in `path`: for the README, unless `whole`,
-    only those of its Chinese part (counted over the whole file, as GitHub
-    does)."""
+def anchors(path: Path) -> set[str]:
+    """The anchors a link may use in `path`."""
     if path.suffix == ".ipynb":
         text = "\n\n".join(d.text for d in notebook_cells(path))
         return {h.anchor for h in headings(text)}
-    text = path.read_text(encoding="utf-8")
-    found = headings(text)
-    if path == README and not whole:
-        part = readme_chinese_part(text)
-        first = text[: text.index(part)].count("\n")
-        last = first + part.count("\n")
-        found = [h for h in found if first <= h.offset < last]
-    return {h.anchor for h in found}
+    return {h.anchor for h in headings(path.read_text(encoding="utf-8"))}
 
 
 def is_prose(path: Path) -> bool:
@@ -57,10 +47,8 @@ def is_prose(path: Path) -> bool:
 
 
 def is_chinese(path: Path) -> bool:
-    return (
-        path.name.endswith(".zh.md")
-        or path == README  # its anchors are checked against the Chinese part
-        or (path.suffix == ".ipynb" and path.parent == ZH_NOTEBOOKS)
+    return path.name.endswith(".zh.md") or (
+        path.suffix == ".ipynb" and path.parent == ZH_NOTEBOOKS
     )
 
 
@@ -79,13 +67,10 @@ def problem(doc: Doc, text: str, href: str) -> str | None:
         return None
     anchor = unquote(url.fragment)
     if anchor and target.suffix in (".md", ".ipynb"):
-        if anchor not in anchors(target, whole=english_ok):
-            return f"no heading #{anchor} there (in its Chinese part)"
-    if is_prose(target) and not english_ok:
-        if not is_chinese(target):
-            return "English prose (say so in the link text, or link a Chinese page)"
-        if target == README and not anchor:
-            return "the README's top is English: link a heading of 中文快速上手"
+        if anchor not in anchors(target):
+            return f"no heading #{anchor} there"
+    if is_prose(target) and not english_ok and not is_chinese(target):
+        return "English prose (say so in the link text, or link a Chinese page)"
     return None
 
 
@@ -99,8 +84,7 @@ def link_problems(doc: Doc) -> list[str]:
 
 def test_the_chinese_docs_are_found():
     labels = [d.label for d in DOCS]
-    assert "ch02/README.zh.md" in labels
-    assert any(label.startswith("README.md (") for label in labels)
+    assert "ch02/README.zh.md" in labels and rel(README_ZH) in labels
     assert sum(".ipynb cell" in label for label in labels) > 50
 
 
@@ -115,12 +99,12 @@ def test_the_link_check_tells_good_links_from_bad():
     assert why("PyTorch", "python-and-uv.zh.md#pytorch-的不同版本") is None
     assert why("x", "https://example.com/#anything") is None
     assert why("x", "../../utils") is None  # code: a folder without README.md
-    assert why("主 README", "../../README.md#中文快速上手") is None
+    assert why("中文首页", "../../README.zh.md#从这里开始") is None
     assert "English prose" in why("指南", "python-and-uv.md")
-    assert "no heading" in why("主 README", "../../README.md#quick-start")
-    assert why("英文的 Quick start", "../../README.md#quick-start") is None
+    assert "English prose" in why("主 README", "../../README.md")
+    assert "no heading" in why("英文首页", "../../README.md#quick-start")
+    assert why("英文的首页", "../../README.md#start-here") is None
     assert "no heading" in why("x", "python-and-uv.zh.md#no-such-heading")
-    assert "README's top" in why("主 README", "../../README.md")
     assert "no such file" in why("x", "missing.zh.md")
     assert "English README.md" in why("x", "../03_fast-decoding/")
     assert why("附加内容（英文）", "../03_fast-decoding/README.md") is None

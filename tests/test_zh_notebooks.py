@@ -4,7 +4,7 @@ Same code cells in the same order (comments may be translated), the same
 checked outputs, every notebook present, the markdown actually translated,
 every chart label the notebooks pass to `chart_text` translated, the book's
 listings under the Chinese edition's captions, and no line break next to a
-full-width character in any notebook, `*.zh.md` or the README's Chinese part
+full-width character in any notebook or `*.zh.md`
 (it renders as a stray space).
 """
 
@@ -23,13 +23,13 @@ from tests.markdown_text import (
     chart_text_literals,
     chinese_markdown,
 )
-from utils.plotting import ZH_CHART_TEXT
+from utils.language import ZH_TEXT
 
 ROOT = Path(__file__).resolve().parents[1]
 EN_DIR = ROOT / "ch02" / "01_main-chapter-code"
 ZH_DIR = EN_DIR / "zh"
 CJK = re.compile(r"[\u4e00-\u9fff]")
-# Every `*.zh.md`, the README's 中文快速上手 part (the notebooks: below).
+# Every `*.zh.md`, README.zh.md among them (the notebooks: below).
 ZH_DOCS = [d for d in chinese_markdown() if d.path.suffix == ".md"]
 
 
@@ -175,14 +175,18 @@ def test_zh_text_uses_the_glossary_terms(where_text):
 
 
 def test_zh_docs_give_the_linux_download_of_the_english_table():
-    """The Chinese pages round the Linux x86-64 total of the README's table
-    (tests/test_project.py ties that table to uv.lock)."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    (row,) = [ln for ln in readme.splitlines() if ln.startswith("| Linux x86-64 |")]
+    """The Chinese pages round the Linux x86-64 total of the installing page's
+    table (tests/test_project.py ties that table to uv.lock)."""
+    page = ROOT / "ch02" / "02_setup-tips" / "python-and-uv.md"
+    lines = page.read_text(encoding="utf-8").splitlines()
+    linux = [ln for ln in lines if ln.startswith("| Linux x86-64 |")]
+    (row,) = [ln for ln in linux if ln.count(" GB") >= 3]  # the sizes table
     sizes = [float(x) for x in re.findall(r"(\d+\.\d+) GB", row)]
     total = f"约 {sizes[-1]:.1f} GB"
     pages = [
-        d for d in ZH_DOCS if "python-and-uv" in d.label or "README.md (" in d.label
+        d
+        for d in ZH_DOCS
+        if d.label in ("README.zh.md", "ch02/02_setup-tips/python-and-uv.zh.md")
     ]
     assert len(pages) == 2
     for doc in pages:
@@ -216,8 +220,8 @@ def test_every_chart_label_in_the_notebooks_has_a_translation():
         if cell.cell_type == "code"
         for text in chart_text_literals(cell.source)
     }
-    missing = sorted(used - set(ZH_CHART_TEXT))
-    assert missing == [], f"add these to utils.plotting.ZH_CHART_TEXT: {missing}"
+    missing = sorted(used - set(ZH_TEXT))
+    assert missing == [], f"add these to utils.language.ZH_TEXT: {missing}"
 
 
 # --------------------------------------------------------------------------

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import font_manager  # noqa: E402
 
-from utils import plotting  # noqa: E402
+from utils import language, plotting  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -24,8 +24,12 @@ def fresh_state(monkeypatch):
     no earlier warning."""
     plotting.find_cjk_font.cache_clear()
     monkeypatch.setattr(plotting, "_warned_no_font", False)
-    monkeypatch.delenv(plotting.LANG_ENV, raising=False)
-    with matplotlib.rc_context():
+    monkeypatch.delenv(language.LANG_ENV, raising=False)
+    # matplotlib's own families: any chart drawn before (a widget's, say)
+    # added the CJK fallback to the process's settings
+    with matplotlib.rc_context(
+        {"font.family": matplotlib.rcParamsDefault["font.family"]}
+    ):
         yield
     plotting.find_cjk_font.cache_clear()
 
@@ -52,12 +56,12 @@ def system_cjk_font_files() -> list[str]:
 def test_language_follows_the_notebook_folder(tmp_path, monkeypatch):
     (tmp_path / "zh").mkdir()
     monkeypatch.chdir(tmp_path)
-    assert plotting.notebook_language() == "en"
+    assert language.notebook_language() == "en"
     assert plotting.chart_text("tokens/sec") == "tokens/sec"
     monkeypatch.chdir(tmp_path / "zh")
-    assert plotting.notebook_language() == "zh"
-    monkeypatch.setenv(plotting.LANG_ENV, "en")
-    assert plotting.notebook_language() == "en"
+    assert language.notebook_language() == "zh"
+    monkeypatch.setenv(language.LANG_ENV, "en")
+    assert language.notebook_language() == "en"
     assert (
         plotting.chart_text("Generation speed on {device}", device="cpu")
         == "Generation speed on cpu"
@@ -67,7 +71,7 @@ def test_language_follows_the_notebook_folder(tmp_path, monkeypatch):
 def test_without_a_cjk_font_labels_stay_english_with_one_warning(monkeypatch):
     monkeypatch.setattr(plotting, "CJK_FONTS", ("No Such CJK Font",))
     monkeypatch.setattr(plotting, "_CJK_FILE_HINTS", ())
-    monkeypatch.setenv(plotting.LANG_ENV, "zh")
+    monkeypatch.setenv(language.LANG_ENV, "zh")
     families = list(matplotlib.rcParams["font.family"])
 
     with pytest.warns(UserWarning, match="fonts-noto-cjk") as record:
@@ -88,7 +92,7 @@ def test_english_labels_never_warn_about_fonts(monkeypatch):
     """The "install a CJK font" hint is for the Chinese notebooks only."""
     monkeypatch.setattr(plotting, "CJK_FONTS", ("No Such CJK Font",))
     monkeypatch.setattr(plotting, "_CJK_FILE_HINTS", ())
-    monkeypatch.setenv(plotting.LANG_ENV, "en")
+    monkeypatch.setenv(language.LANG_ENV, "en")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert plotting.chart_text("tokens/sec") == "tokens/sec"
@@ -111,11 +115,13 @@ def test_the_current_figures_own_fonts_keep_first_place():
 def test_with_a_cjk_font_chinese_labels_render(monkeypatch):
     if plotting.find_cjk_font() is None:
         pytest.skip("no CJK font installed (e.g. apt install fonts-noto-cjk)")
-    monkeypatch.setenv(plotting.LANG_ENV, "zh")
+    monkeypatch.setenv(language.LANG_ENV, "zh")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "no font" warning either
-        title = plotting.chart_text("This machine ({device})", device="cpu")
-    assert title == "本机（cpu）"
+        title = plotting.chart_text(
+            "Table 2.1 from the book next to this machine ({device})", device="cpu"
+        )
+    assert title == "书中表 2.1 与本机（cpu）的结果对比"
     assert plotting.find_cjk_font() in matplotlib.rcParams["font.family"]
     assert matplotlib.rcParams["font.family"][0] != plotting.find_cjk_font()
     assert not [m for m in draw(title) if "missing from font" in m]
@@ -140,7 +146,7 @@ def test_every_translation_keeps_the_format_fields():
     def fields(text):
         return {f for _, f, _, _ in string.Formatter().parse(text) if f}
 
-    for english, chinese in plotting.ZH_CHART_TEXT.items():
+    for english, chinese in language.ZH_TEXT.items():
         assert fields(english) == fields(chinese), english
         assert chinese.strip(), english
 
@@ -192,10 +198,11 @@ def chart_inputs(stem: str, tok) -> dict:
             "bytes_per_token": 114_688,
         },
         "06_compile": {
+            "device": torch.device("cpu"),
             "mine": mine,
             "book": {
                 "Mac Mini M4 CPU": [5, 6, 28, 68],
-                "This machine (cpu)": [1, 2, 8, 9],
+                "This machine": [1, 2, 8, 9],
             },
         },
     }
@@ -263,3 +270,44 @@ def test_chart_cells_draw_every_glyph(path, source, labels_first, tok, monkeypat
         assert len(chinese) == 3, drawn  # the stand-in's Chinese tokens
     else:
         assert not chinese, drawn
+
+
+# --- notebook 06: Table 2.1 and its chart name the modes alike --------------
+
+
+def table_modes(path: Path) -> tuple[list[str], list[str]]:
+    """(the mode column of notebook 06's Table 2.1, in order, each once;
+    the mode columns of its filled table's header)."""
+    cells = {c.get("id"): c.source for c in nbformat.read(path, as_version=4).cells}
+    rows = [line.split("|")[1].strip() for line in cells["nb06-table"].splitlines()
+            if line.startswith("| ") and "Mac Mini M4 CPU" in line]  # fmt: skip
+    header = cells["nb06-ex22-filled"].split("\n| ", 1)[1].splitlines()[0]
+    return rows, [c.strip() for c in header.split("|")[1:-2]]
+
+
+@pytest.mark.parametrize("folder", ["01_main-chapter-code", "zh"])
+def test_table_2_1_and_its_chart_name_the_modes_alike(folder, tok, monkeypatch):
+    """The chart's ticks are the table's modes and the filled table's
+    columns; its legend and title say "this machine" in the notebook's
+    language (a zh chart once read "This machine (cpu)" beside "常规")."""
+    if plotting.find_cjk_font() is None:
+        pytest.skip("no CJK font installed (e.g. apt install fonts-noto-cjk)")
+    path = NOTEBOOK_DIR / ("zh" if folder == "zh" else "") / "06_compile.ipynb"
+    (source,) = [s for p, s in chart_cells() if p == path]
+    monkeypatch.chdir(path.parent)
+    figures = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plt, "show", lambda: figures.append(plt.gcf()))
+        exec(compile(source, "<chart cell>", "exec"), chart_inputs("06_compile", tok))
+    ax = figures[0].axes[0]
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    plt.close("all")
+    rows, columns = table_modes(path)
+    assert ticks == rows == columns
+    zh = folder == "zh"
+    assert legend[-1] == ("本机" if zh else "This machine")
+    assert ("本机（cpu）" if zh else "this machine (cpu)") in ax.get_title()
+    english = ["Regular", "Regular compiled", "KV cache", "KV cache compiled"]
+    chinese = ["常规", "常规 + 编译", "KV 缓存", "KV 缓存 + 编译"]
+    assert ticks == (chinese if zh else english)

@@ -75,10 +75,12 @@ class ChatCache:
         max_new_tokens: int,
         eos_token_id: int | None,
         fast: bool,
+        picker: Any = None,
     ) -> Iterator[torch.Tensor]:
-        """Greedy tokens (1, 1) for the prompt `token_ids` (1, n) from the
-        book's model (`fast` False: its KV cache) or a fast model, prefilling
-        only the ids after the prefix the cache already holds."""
+        """Tokens (1, 1) for the prompt `token_ids` (1, n) from the book's
+        model (`fast` False: its KV cache) or a fast model, prefilling only
+        the ids after the prefix the cache already holds: greedy, or
+        `picker`'s choice."""
         if token_ids.shape[0] != 1:
             raise ValueError("a kept cache holds one conversation (batch of 1)")
         if model is not self._model or (fast and not self._fast_cache_is_ours(model)):
@@ -88,7 +90,8 @@ class ChatCache:
         if fast:
             from utils.fast import generate
 
-            gen = generate(model, token_ids, max_new_tokens, eos_token_id, start=start)
+            gen = generate(model, token_ids, max_new_tokens, eos_token_id,
+                           start=start, picker=picker)  # fmt: skip
         else:
             from reasoning_from_scratch.qwen3 import KVCache
 
@@ -97,8 +100,9 @@ class ChatCache:
             if self._book_cache is None:
                 self._book_cache = KVCache(n_layers=model.cfg["n_layers"])
             gen = generate_text_stream_from_cache(
-                model, self._book_cache, start, token_ids, max_new_tokens, eos_token_id
-            )
+                model, self._book_cache, start, token_ids, max_new_tokens,
+                eos_token_id, picker,
+            )  # fmt: skip
         self.ids, self.prefilled = ids[:start], len(ids) - start
         return self._track(gen, ids, max_new_tokens, fast)
 

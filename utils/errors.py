@@ -7,7 +7,9 @@ errors as ``prog: error: ... (see --help)`` (an unknown option first, with
 the nearest known one), `run_command` turns a `UsageError` into
 ``prog: error: ...`` with exit status 2 and any other failure into the same
 shape with status 1. A reader of the output who stops early (``| head``)
-ends the command quietly, as a Unix tool does.
+ends the command quietly, as a Unix tool does; an output the disk refuses
+is one line (`write_stdout`). Ctrl-C is status 130 after one line;
+`ctrl_c_held` keeps it from landing inside work that must not stop half-way.
 """
 
 from __future__ import annotations
@@ -190,6 +192,34 @@ def ctrl_c_held() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if heard:
         raise KeyboardInterrupt
+
+
+def write_stdout(text: str) -> None:
+    """A command's answer text to stdout, now. A refusal other than a
+    reader gone (a full disk, a read-only file) is an `OutputError` naming
+    where stdout goes, not an OSError with a temporary name."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise OutputError(
+            f"could not write the answer to standard output ({_stdout_file()}{why}): "
+            "send it to a file you can write, on a disk with free space "
+            "(> answer.txt), or to the terminal"
+        ) from None
+
+
+def _stdout_file() -> str:
+    """The file stdout goes to and ": " where Linux tells (/proc), else
+    nothing."""
+    try:
+        target = os.readlink(f"/proc/self/fd/{sys.stdout.fileno()}")
+    except (AttributeError, OSError, ValueError):
+        return ""
+    return f"{target}: " if target.startswith("/") else ""
 
 
 def _stdout_reader_gone() -> bool:

@@ -1,7 +1,8 @@
 """Greedy text generation as written in Chapter 2 (listings 2.2-2.4).
 
 The two generators stream one token at a time so a notebook can print text as
-it appears. They pick the most likely next token (argmax) and stop early when
+it appears. They pick the most likely next token (argmax), or let a picker
+choose (`utils.sampling`, the book's later sampling), and stop early when
 the model produces the end-of-sequence token. `generate_stats` reports speed
 and memory the way the book's Table 2.1 does. `BOOK_PATHS` names the book's
 four ways to generate (with or without the KV cache, compiled or not) as
@@ -19,6 +20,9 @@ import torch
 from reasoning_from_scratch.qwen3 import KVCache
 
 from utils.device import peak_memory_bytes, reset_peak_memory
+
+# picks one sequence's next token (1, 1) from its logits (1, vocab)
+Picker = Callable[[torch.Tensor], torch.Tensor]
 
 
 def check_generation_inputs(
@@ -58,13 +62,20 @@ def _is_eos(next_token: torch.Tensor, eos_token_id: int | None) -> bool:
     return eos_token_id is not None and bool(torch.all(next_token == eos_token_id))
 
 
+def _next_token(out: torch.Tensor, picker: Picker | None) -> torch.Tensor:
+    """The chapter's argmax (batch, 1), or `picker`'s choice (a batch of 1)."""
+    if picker is None:
+        return torch.argmax(out, dim=-1, keepdim=True)
+    return picker(out)
+
+
 @torch.inference_mode()
-def _stream(model, token_ids, max_new_tokens, eos_token_id):
+def _stream(model, token_ids, max_new_tokens, eos_token_id, picker=None):
     model.eval()
     for _ in range(max_new_tokens):
         # Re-run the whole sequence and keep the logits of the last position
         out = model(token_ids)[:, -1]  # (batch, vocab_size)
-        next_token = torch.argmax(out, dim=-1, keepdim=True)  # (batch, 1)
+        next_token = _next_token(out, picker)  # (batch, 1)
         if _is_eos(next_token, eos_token_id):
             break
         yield next_token
@@ -76,19 +87,23 @@ def generate_text_basic_stream(
     token_ids: torch.Tensor,
     max_new_tokens: int,
     eos_token_id: int | None = None,
+    picker: Picker | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield greedy next tokens (shape (batch, 1)) without a KV cache.
 
     Every step feeds the full sequence through the model again, which is
-    simple but makes step t cost O(t) work.
+    simple but makes step t cost O(t) work. `picker` (a batch of 1): picks
+    each token from the logits instead (`utils.sampling.TokenPicker`).
     """
     check_generation_inputs(model, token_ids, max_new_tokens)
-    return _stream(model, token_ids, max_new_tokens, eos_token_id)
+    return _stream(model, token_ids, max_new_tokens, eos_token_id, picker)
 
 
-def _stream_cache(model, token_ids, max_new_tokens, eos_token_id):
+def _stream_cache(model, token_ids, max_new_tokens, eos_token_id, picker=None):
     cache = KVCache(n_layers=model.cfg["n_layers"])
-    return _stream_from(model, cache, 0, token_ids, max_new_tokens, eos_token_id)
+    return _stream_from(
+        model, cache, 0, token_ids, max_new_tokens, eos_token_id, picker
+    )
 
 
 def truncate_kv_cache(model: torch.nn.Module, cache: KVCache, length: int) -> None:
@@ -104,14 +119,16 @@ def truncate_kv_cache(model: torch.nn.Module, cache: KVCache, length: int) -> No
 
 
 @torch.inference_mode()
-def _stream_from(model, cache, start, token_ids, max_new_tokens, eos_token_id):
+def _stream_from(
+    model, cache, start, token_ids, max_new_tokens, eos_token_id, picker=None
+):
     model.eval()
     truncate_kv_cache(model, cache, start)
     # Prefill: the prompt (after the `start` tokens already in the cache)
     # goes through once and fills the cache
     out = model(token_ids[:, start:], cache=cache)[:, -1]
     for _ in range(max_new_tokens):
-        next_token = torch.argmax(out, dim=-1, keepdim=True)
+        next_token = _next_token(out, picker)
         if _is_eos(next_token, eos_token_id):
             break
         yield next_token
@@ -124,11 +141,13 @@ def generate_text_basic_stream_cache(
     token_ids: torch.Tensor,
     max_new_tokens: int,
     eos_token_id: int | None = None,
+    picker: Picker | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield the same tokens as `generate_text_basic_stream`, using the book's
-    KVCache so each step processes only the newest token."""
+    KVCache so each step processes only the newest token (`picker`: as
+    there)."""
     check_generation_inputs(model, token_ids, max_new_tokens)
-    return _stream_cache(model, token_ids, max_new_tokens, eos_token_id)
+    return _stream_cache(model, token_ids, max_new_tokens, eos_token_id, picker)
 
 
 def generate_text_stream_from_cache(
@@ -138,6 +157,7 @@ def generate_text_stream_from_cache(
     token_ids: torch.Tensor,
     max_new_tokens: int,
     eos_token_id: int | None = None,
+    picker: Picker | None = None,
 ) -> Iterator[torch.Tensor]:
     """`generate_text_basic_stream_cache` with a cache that already holds the
     keys/values of `token_ids[:, :start]` (from an earlier generation with
@@ -147,7 +167,9 @@ def generate_text_stream_from_cache(
     check_generation_inputs(model, token_ids, max_new_tokens)
     if not 0 <= start < token_ids.shape[1]:
         raise ValueError(f"start must be in [0, {token_ids.shape[1]}), got {start}")
-    return _stream_from(model, cache, start, token_ids, max_new_tokens, eos_token_id)
+    return _stream_from(
+        model, cache, start, token_ids, max_new_tokens, eos_token_id, picker
+    )
 
 
 def stats_lines(stats: dict[str, Any], decimal_below: float = 1.0) -> list[str]:
@@ -162,6 +184,16 @@ def stats_lines(stats: dict[str, Any], decimal_below: float = 1.0) -> list[str]:
         speed = f"{int(rate) if rate >= decimal_below else round(rate, 1)} tokens/sec"
     memory = f"{stats['memory_kind']}: {stats['peak_mem_bytes'] / 1024**3:.2f} GB"
     return [f"Time: {stats['time_s']:.2f} sec", speed, memory]
+
+
+class PrintedStats(dict):
+    """`generate_stats`' figures, a dict. Its lines are printed already (the
+    book's function prints them and returns None), so Jupyter does not echo
+    the dict again when the call ends a cell, as the book's Listing 2.3 cells
+    do; `print(stats)` or `stats["time_s"]` read it as usual."""
+
+    def _ipython_display_(self) -> None:
+        """Shown as nothing: IPython calls this instead of printing Out[n]."""
 
 
 def generate_stats(
@@ -190,7 +222,7 @@ def generate_stats(
     if not quiet:
         print("\n\n" + "\n".join(stats_lines(stats)))
     reset_peak_memory(device)
-    return stats
+    return PrintedStats(stats)
 
 
 # ---------------------------------------------------------------------------
@@ -242,12 +274,14 @@ class BookPath:
         token_ids: torch.Tensor,
         max_new_tokens: int,
         eos_token_id: int | None = None,
+        picker: Picker | None = None,
     ) -> Iterator[torch.Tensor]:
-        """The book's generator on `model` (built by `build`)."""
+        """The book's generator on `model` (built by `build`); `picker`
+        picks each token instead of argmax."""
         generator = generate_text_basic_stream
         if "cache" in self.needs:
             generator = generate_text_basic_stream_cache
-        return generator(model, token_ids, max_new_tokens, eos_token_id)
+        return generator(model, token_ids, max_new_tokens, eos_token_id, picker)
 
 
 BOOK_PATHS: tuple[BookPath, ...] = (

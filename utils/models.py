@@ -161,6 +161,39 @@ def load_book_model(
     return model.eval()
 
 
+def batched_book_model(
+    book_model: torch.nn.Module, float32_upcast: bool = True
+) -> torch.nn.Module:
+    """The book's padding-aware batched model
+    (`reasoning_from_scratch.qwen3_batched.Qwen3Model`) holding a loaded
+    book model's weights (shared, not copied), in eval mode: the book's way
+    to run several prompts at once, left-padded with an attention mask."""
+    from reasoning_from_scratch.qwen3_batched import Qwen3Model as BatchedQwen3
+
+    with torch.device("meta"):
+        model = BatchedQwen3(book_model.cfg, float32_upcast=float32_upcast)
+    model.load_state_dict(book_model.state_dict(keep_vars=True), assign=True)
+    if book_model.out_head.weight is book_model.tok_emb.weight:
+        model.out_head.weight = model.tok_emb.weight
+    model.cos, model.sin = book_model.cos, book_model.sin
+    return model.eval()
+
+
+def left_padded(
+    prompts: list[list[int]], pad_id: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of different lengths as one (batch, longest) tensor padded
+    on the left with `pad_id`, and the attention mask (True: a real token),
+    as the book's batched generators take them."""
+    longest = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), longest), dtype=torch.bool)
+    for row, prompt in enumerate(prompts):
+        ids[row, longest - len(prompt) :] = torch.tensor(prompt)
+        mask[row, longest - len(prompt) :] = True
+    return ids.to(device), mask.to(device)
+
+
 def load_book_model_file(
     path: str | os.PathLike,
     device: torch.device | str = "cpu",

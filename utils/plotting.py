@@ -5,15 +5,20 @@ cell, so a chart cell writes its labels through `chart_text`:
 
     ax.set_title(chart_text("KV cache memory of Qwen3 0.6B"))
 
-In a notebook that runs in a folder named `zh` (or with `QWEN3_LANG=zh`) this
-returns the Chinese label from `ZH_CHART_TEXT`; elsewhere it returns the
-English text unchanged. In both languages it adds a CJK font as matplotlib's
-fallback family, for new text and for the text of the figure being drawn
-(its title, axis labels and ticks exist from `plt.subplots()` on, so a label
-set through `chart_text` after `plt.subplots()` draws Chinese too, and so do
-the Chinese tokens of the stand-in's English charts). Where no CJK font is
-installed the Chinese notebooks' labels stay English and one warning says
-which font to install, so a chart never shows empty boxes in their place.
+In a notebook that runs in a folder named `zh` (or with `QWEN3_LANG=zh`)
+this returns the Chinese label from `utils.language.ZH_TEXT` (the one table
+of the notebooks' words); elsewhere it returns the English text unchanged.
+In both languages it adds a CJK font as matplotlib's fallback family, for
+new text and for the text of the figure being drawn (its title, axis labels
+and ticks exist from `plt.subplots()` on, so a label set through
+`chart_text` after `plt.subplots()` draws Chinese too, and so do the Chinese
+tokens of the stand-in's English charts). Where no CJK font is installed the
+Chinese notebooks' labels stay English and one warning says which font to
+install, so a chart never shows empty boxes in their place.
+
+A token piece on a chart's axis goes through `chart_label` (notebook 03's
+chart and the next-token view alike): the piece itself, in quotes, with only
+the characters no font of the chart can draw written as escapes.
 """
 
 from __future__ import annotations
@@ -22,9 +27,7 @@ import functools
 import warnings
 from pathlib import Path
 
-from utils import settings
-
-LANG_ENV = "QWEN3_LANG"
+from utils.language import ZH_TEXT, in_language, notebook_language
 
 # Font family names (as matplotlib reports them) with Chinese glyphs, most
 # common first: Linux (Noto/Source Han/WenQuanYi), Windows (YaHei, SimHei),
@@ -70,39 +73,7 @@ INSTALL_HINT = (
     "ship Microsoft YaHei / PingFang"
 )
 
-# English chart text used in the notebooks -> the Chinese edition's wording.
-ZH_CHART_TEXT = {
-    # 02_load-model
-    "Qwen3 0.6B weights": "Qwen3 0.6B 权重大小",
-    "as loaded": "加载后（输出层单独一份）",
-    "tied once": "共享权重只算一次",
-    # 03_next-token
-    "probability": "概率",
-    "Top-10 next tokens after the prompt": "提示词之后概率最高的 10 个 token",
-    # 05_kv-cache
-    "KV cache (bfloat16)": "KV 缓存（bfloat16）",
-    "model weights (bfloat16)": "模型权重（bfloat16）",
-    "tokens in the sequence": "序列中的 token 数",
-    "KV cache memory of Qwen3 0.6B": "Qwen3 0.6B 的 KV 缓存内存占用",
-    # 06_compile
-    "Regular": "常规",
-    "Regular compiled": "常规 + 编译",
-    "KV cache": "KV 缓存",
-    "KV cache compiled": "KV 缓存 + 编译",
-    "tokens/sec": "每秒 token 数",
-    "Table 2.1 from the book next to this machine": "书中表 2.1 与本机结果对比",
-    "This machine ({device})": "本机（{device}）",
-}
-
 _warned_no_font = False
-
-
-def notebook_language() -> str:
-    """ "zh" for a notebook in a `zh` folder (or `QWEN3_LANG=zh`), else "en"."""
-    lang = (settings.text(LANG_ENV) or "").lower()
-    if lang in {"zh", "en"}:
-        return lang
-    return "zh" if Path.cwd().name == "zh" else "en"
 
 
 @functools.cache
@@ -188,7 +159,35 @@ def chart_text(text: str, /, **fields: object) -> str:
     with `fields`; English where no CJK font or no translation exists. Adds
     the CJK fallback font in English notebooks too (the stand-in's tokens)."""
     zh = notebook_language() == "zh"
-    font = use_cjk_font(warn=zh and text in ZH_CHART_TEXT)
-    if zh and font is not None and text in ZH_CHART_TEXT:
-        text = ZH_CHART_TEXT[text]
-    return text.format(**fields) if fields else text
+    font = use_cjk_font(warn=zh and text in ZH_TEXT)
+    return in_language(text, lang="zh" if zh and font else "en", **fields)
+
+
+def chart_label(piece: str) -> str:
+    """A token piece as a chart's tick label: its repr (the quotes show a
+    leading space), each character that no font of the chart's family or its
+    CJK fallback has a glyph for written as an escape (`\\u0e01`), never an
+    empty box. Adds the CJK fallback font, as `chart_text` does."""
+    import matplotlib
+
+    use_cjk_font(warn=False)
+    drawable = _drawable(tuple(matplotlib.rcParams["font.family"]))
+    return "".join(c if ord(c) in drawable else ascii(c)[1:-1] for c in repr(piece))
+
+
+@functools.cache
+def _drawable(families: tuple[str, ...]) -> frozenset[int]:
+    """The code points the fonts of `families` (matplotlib's names, generic
+    ones such as "sans-serif" included) have glyphs for: what matplotlib's
+    per-glyph fallback can draw with them."""
+    from matplotlib import font_manager, ft2font
+
+    points: set[int] = set()
+    for family in families:
+        props = font_manager.FontProperties(family=[family])
+        try:
+            path = font_manager.findfont(props, fallback_to_default=False)
+        except ValueError:  # not installed
+            continue
+        points.update(ft2font.FT2Font(path).get_charmap())
+    return frozenset(points)

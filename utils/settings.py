@@ -2,7 +2,7 @@
 way to read them.
 
 Why one module: a setting a reader cannot find does not exist for them. The
-README's settings table is checked against `SETTINGS` by a test, and a
+settings table of docs/commands.md is checked against `SETTINGS` by a test, and a
 structure test fails on any `os.environ` read elsewhere in `utils/` that
 names a variable missing here. Flags share one set of true words, so
 `QWEN3_STANDIN=yes` and `QWEN3_NO_WIDGETS=yes` mean the same.
@@ -63,7 +63,7 @@ SETTINGS: tuple[Setting, ...] = (
             "force, e.g. "
             "`bf16_exact_avx2,int8_avx2`"),
     Setting("QWEN3_LANG", "`zh` in a `zh` folder, else `en`",
-            "language of chart labels (`en` or `zh`)"),
+            "language of the notebooks' charts and widgets (`en` or `zh`)"),
     Setting("QWEN3_NO_WIDGETS", "off",
             "1/true/yes/on: notebooks print plain results instead of widgets"),
     Setting("XDG_CACHE_HOME", "`~/.cache`",

@@ -81,9 +81,9 @@ def generation_paths() -> tuple[Any, ...]:
     "compile", "native", "cpu"), `family` ("book" or "fast"), `int8`,
     `in_default_run`, `unavailable(device)`, `build(book_model,
     adopt=False)` and `stream(model, token_ids, max_new_tokens,
-    eos_token_id)`. The benchmark's modes, the commands' switches and the
-    panel's streamer all come here: a new way is one entry in one of the
-    two tables."""
+    eos_token_id, picker=None)` (`picker`: sampling instead of argmax).
+    The benchmark's modes, the commands' switches and the panel's streamer
+    all come here: a new way is one entry in one of the two tables."""
     from utils import generation
     from utils.fast import PATHS
 
@@ -179,12 +179,14 @@ class GreedyStreamer:
         fast: bool = False,
         kept: ChatCache | None = None,
         path: str | None = None,
+        picker: Any = None,
     ) -> Iterator[int]:
         """Yield new token ids one at a time (batch of one), stopping at
         `eos_token_id` without yielding it. `kept`: a conversation's cache,
         continued (on a path with a cache: the book's or the fast one;
         without one, every step runs the whole sequence anyway and `kept` is
-        cleared). `path`: a registry entry's name, instead of the switches."""
+        cleared). `path`: a registry entry's name, instead of the switches.
+        `picker`: picks each token instead of argmax (`utils.sampling`)."""
         if path is None:
             chosen = choose_path(
                 token_ids.device, cache=cache, compile=compile, fast=fast,
@@ -195,11 +197,12 @@ class GreedyStreamer:
         model = self._model_for(chosen)
         args = (token_ids, max_new_tokens, eos_token_id)
         if kept is not None and "cache" in chosen.needs:
-            gen = kept.stream(model, *args, chosen.family == "fast")
+            gen = kept.stream(model, *args, chosen.family == "fast", picker)
         else:
             if kept is not None:
                 kept.clear()
-            gen = chosen.stream(model, *args)
+            more = {} if picker is None else {"picker": picker}
+            gen = chosen.stream(model, *args, **more)
         return _as_ints(gen)
 
 
@@ -253,6 +256,7 @@ def stream_generation(
     on_token: Callable[[int], Any] | None = None,
     stats: str | None = None,
     kept: ChatCache | None = None,
+    picker: Any = None,
 ) -> StreamResult:
     """Generate greedily from `prompt_ids`, writing text pieces as they become
     whole characters; return the ids, text, time and (`stats="print"` or
@@ -260,7 +264,8 @@ def stream_generation(
     made: building the fast path the first time is not counted.
 
     `on_token` sees each id before its text; `should_stop` is asked after each
-    token; `kept` continues a conversation's cache (`GreedyStreamer.stream`).
+    token; `kept` continues a conversation's cache (`GreedyStreamer.stream`);
+    `picker` samples instead of taking the argmax (`utils.sampling`).
     Invalid inputs, and a prompt whose attention would not fit in memory,
     raise ValueError before anything is generated.
     """
@@ -277,6 +282,8 @@ def stream_generation(
     # compile, compiles and picks, reported on stderr): set-up, not part
     # of the generation's time
     more = {} if kept is None else {"kept": kept}
+    if picker is not None:
+        more["picker"] = picker
     stream = streamer.stream(
         ids, max_new_tokens, eos_token_id, cache=cache, compile=compile, fast=fast,
         **more,

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from utils.device import model_device
+from utils.language import in_language
 from utils.qwen3_tokenizer import unicode_to_byte
 
 # --------------------------------------------------------------------------
@@ -192,7 +193,8 @@ def render_html(spans: Sequence[TokenSpan], show_ids: bool = True) -> str:
     """Coloured token boxes (piece above, id below) with a token count.
 
     Spaces show as ``·`` and newlines as ``↵``; special tokens get a dashed
-    border; hovering a box shows its byte range and raw bytes.
+    border; hovering a box shows its byte range and raw bytes. The count is
+    in the notebook's language (`utils.language`).
     """
     boxes = []
     for s in spans:
@@ -212,7 +214,10 @@ def render_html(spans: Sequence[TokenSpan], show_ids: bool = True) -> str:
             f"{_visible(s.piece)}</div>{id_line}</span>"
         )
     count = len(spans)
-    header = f"<div><b>{count} token{'s' if count != 1 else ''}</b></div>"
+    tokens = (
+        in_language("1 token") if count == 1 else in_language("{n} tokens", n=count)
+    )
+    header = f"<div><b>{tokens}</b></div>"
     return f'<div class="token-view">{header}<div>{"".join(boxes)}</div></div>'
 
 
@@ -298,32 +303,34 @@ def append_next_token(
     return [*ids, int(token_id)]
 
 
-def _chart_label(piece: str) -> str:
-    """repr of a piece; characters beyond Latin (which matplotlib's default
-    font lacks, e.g. CJK) are written as escapes instead of empty boxes."""
-    return repr(piece) if all(ord(c) < 0x250 for c in piece) else ascii(piece)
-
-
 def plot_top_k(topk: TopK, title: str | None = None, ax: Any = None) -> Any:
     """Horizontal bar chart of a `TopK` (most likely on top); returns the
-    figure. Uses matplotlib's object API, so nothing is shown or kept open."""
+    figure. The pieces are labelled as notebook 03's own chart labels them
+    (`utils.plotting.chart_label`: the characters themselves, CJK included),
+    the title and axis in the notebook's language. Uses matplotlib's object
+    API, so nothing is shown or kept open."""
     from matplotlib.figure import Figure
 
+    from utils.plotting import chart_label, chart_text
+
+    # the labels first: they add the CJK fallback font the figure's text takes
+    labels = [
+        f"{chart_label(p)}  ({i})" for i, p in zip(topk.ids, topk.pieces, strict=True)
+    ]
+    title = title or chart_text("Top {k} next tokens", k=len(topk.ids))
+    xlabel = chart_text("probability")
     if ax is None:
         fig = Figure(figsize=(6, 0.35 * len(topk.ids) + 1.2), layout="constrained")
         ax = fig.add_subplot()
     else:
         fig = ax.figure
-    labels = [
-        f"{_chart_label(p)}  ({i})" for i, p in zip(topk.ids, topk.pieces, strict=True)
-    ]
     y = list(range(len(labels)))[::-1]
     bars = ax.barh(y, topk.probs, color="#4c78a8")
-    ax.set_yticks(y, labels, fontfamily="monospace")
+    ax.set_yticks(y, labels)
     ax.bar_label(bars, labels=[f"{p:.3f}" for p in topk.probs], padding=2)
     ax.set_xlim(0, min(1.0, max(topk.probs, default=0.0) * 1.25 + 1e-9))
-    ax.set_xlabel("probability")
-    ax.set_title(title or f"Top {len(topk.ids)} next tokens")
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
     return fig
 
 

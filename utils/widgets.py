@@ -8,6 +8,9 @@
 * `generation_panel(model, tokenizer, prompt)`: streams generated text with
   tokens/sec, with KV cache / compile / fast-path switches and a Stop button.
 
+Their words (buttons, boxes, status line, chart) follow the notebook's
+language (`utils.language`: Chinese in the `zh/` notebooks).
+
 When widgets cannot be shown, each function prints a plain result instead and
 returns None. Plain mode is used when `plain=True` is passed, when the
 environment variable QWEN3_NO_WIDGETS is 1/true/yes/on (the test run sets it,
@@ -35,6 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from utils import settings
+from utils.language import in_language
 
 NO_WIDGETS_ENV = "QWEN3_NO_WIDGETS"
 DEFAULT_PROMPT = "Explain large language models."
@@ -79,7 +83,7 @@ class TokenExplorer(_View):
         self.tokenizer = tokenizer
         self.text_box = w.Textarea(
             value=text,
-            description="Text",
+            description=in_language("Text"),
             continuous_update=True,
             layout=w.Layout(width="100%", height="5em"),
         )
@@ -140,9 +144,11 @@ class NextTokenView(_View):
         self.topk: Any = None
         self.text_html = w.HTML()
         self.chart = w.Image(format="png")
-        self.choice = w.Dropdown(description="Next token")
-        self.step_button = w.Button(description="Step", button_style="primary")
-        self.reset_button = w.Button(description="Reset")
+        self.choice = w.Dropdown(description=in_language("Next token"))
+        self.step_button = w.Button(
+            description=in_language("Step"), button_style="primary"
+        )
+        self.reset_button = w.Button(description=in_language("Reset"))
         self.step_button.on_click(lambda _: self.step(self.choice.value))
         self.reset_button.on_click(lambda _: self.reset())
         self.widget = w.VBox(
@@ -252,28 +258,35 @@ class GenerationPanel(_View):
         """The prompt box, the options, the two buttons, the output and the
         status line in one box, `self.widget` (`w`: the ipywidgets module)."""
         self.prompt_box = w.Textarea(
-            value=prompt, description="Prompt", layout=w.Layout(width="100%")
+            value=prompt,
+            description=in_language("Prompt"),
+            layout=w.Layout(width="100%"),
         )
         self.max_tokens = w.BoundedIntText(
             value=max_new_tokens,
             min=1,
             max=context_length,
-            description="Max tokens",
+            description=in_language("Max tokens"),
+            style={"description_width": "initial"},  # the whole label, any language
         )
-        self.cache_box = w.Checkbox(value=True, description="KV cache")
+        self.cache_box = w.Checkbox(value=True, description=in_language("KV cache"))
         self.compile_box = w.Checkbox(
             value=False,
             description="torch.compile",
-            tooltip="compiles on first use: minutes of warm-up on a CPU",
+            tooltip=in_language("compiles on first use: minutes of warm-up on a CPU"),
         )
         self.fast_box = w.Checkbox(
             value=False,
-            description="fast path",
-            tooltip="static KV cache decoder from utils.fast (beyond the book)",
+            description=in_language("fast path"),
+            tooltip=in_language(
+                "static KV cache decoder from utils.fast (beyond the book)"
+            ),
         )
-        self.generate_button = w.Button(description="Generate", button_style="primary")
+        self.generate_button = w.Button(
+            description=in_language("Generate"), button_style="primary"
+        )
         self.stop_button = w.Button(
-            description="Stop", button_style="danger", disabled=True
+            description=in_language("Stop"), button_style="danger", disabled=True
         )
         self.output = w.HTML()
         self.status = w.Label()
@@ -305,7 +318,7 @@ class GenerationPanel(_View):
         self.token_ids, self.text, self.stats, self.error = [], "", None, None
         self.generate_button.disabled = True
         self.stop_button.disabled = False
-        self.status.value = "starting ..."
+        self.status.value = in_language("starting ...")
         self._thread = threading.Thread(target=self._work, daemon=True)
         self._thread.start()
         return self._thread
@@ -329,7 +342,10 @@ class GenerationPanel(_View):
         state = "done" if final else "generating"
         if final and self._stop.is_set():
             state = "stopped"
-        self.status.value = f"{state}: {n} tokens, {rate:.1f} tokens/sec"
+        self.status.value = in_language(
+            "{state}: {n} tokens, {rate} tokens/sec",
+            state=in_language(state), n=n, rate=f"{rate:.1f}",
+        )  # fmt: skip
 
     def _work(self) -> None:
         from utils.errors import first_line
@@ -365,10 +381,12 @@ class GenerationPanel(_View):
             self._show(result.elapsed_s, final=True)
             if self.stats:
                 gb = self.stats["peak_mem_bytes"] / 1024**3
-                self.status.value += f"; {self.stats['memory_kind']}: {gb:.2f} GB"
+                kind = in_language(self.stats["memory_kind"])
+                self.status.value += in_language("; {kind}: {gb} GB", kind=kind,
+                                                 gb=f"{gb:.2f}")  # fmt: skip
         except Exception as exc:  # shown in the panel; the thread must not die
             self.error = f"{type(exc).__name__}: {exc}"
-            self.status.value = f"error: {first_line(exc)}"
+            self.status.value = in_language("error: {message}", message=first_line(exc))
         finally:
             self.generate_button.disabled = False
             self.stop_button.disabled = True

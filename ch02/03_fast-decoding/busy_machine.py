@@ -276,14 +276,16 @@ def _parser():
     p.add_argument("--busy-nice", type=int, default=0,
                    help="niceness added to the busy processes (e.g. 10)")  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=40, help="tokens per timing")
-    p.add_argument("--rounds", type=int, default=2, help="rounds")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="rounds; each cell is the median of its rounds")  # fmt: skip
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated modes")
     p.add_argument("--threads", default=None, help="settings to time, e.g. "
                    "default,1,2 (default: default, 1 and the core count)")  # fmt: skip
     p.add_argument("--prompt-tokens", type=int, default=0,
                    help="also time the prefill of a prompt of N tokens")  # fmt: skip
-    p.add_argument("--code", type=Path, action="append", default=[],
-                   help="another checkout of this repository, timed too")  # fmt: skip
+    p.add_argument("--code", type=Path, action="append", default=None,
+                   help="another checkout of this repository, timed too "
+                   "(repeatable; default: this checkout only)")  # fmt: skip
     return p
 
 
@@ -299,7 +301,7 @@ def _check(args) -> list[str]:
         raise UsageError("--max-new-tokens must be at least 2 and --rounds at least 1")
     if not 0 <= args.prompt_tokens <= 4096:
         raise UsageError("--prompt-tokens must be between 0 and 4096")
-    for code in args.code:
+    for code in args.code or []:
         if not (code / "utils" / "fast").is_dir():
             raise UsageError(f"--code {code}: not a checkout of this repository")
     settings = (args.threads or f"default,1,{os.cpu_count() or 1}").split(",")
@@ -315,7 +317,7 @@ def _run(args) -> int:
     settings = _check(args)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     codes: dict[str, Path | None] = {"this": None}
-    codes |= {str(c): c.resolve() for c in args.code}
+    codes |= {str(c): c.resolve() for c in args.code or []}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so finally runs
     busy = start_busy(args.busy, args.busy_nice)
     try:

@@ -15,7 +15,6 @@ median, with the spread (half the range) of the wall times.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Iterator
@@ -52,14 +51,25 @@ class FirstTokenClock:
             gen.close()  # type: ignore[attr-defined]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--turns", type=int, default=5)
-    p.add_argument("--max-new-tokens", type=int, default=150)
-    p.add_argument("--fast", action="store_true", help="the fast path (--fast)")
-    p.add_argument("--threads", type=int, help="torch's CPU threads")
-    p.add_argument("--rounds", type=int, default=1, help="conversations held")
-    args = p.parse_args()
+def _parser():
+    from utils.errors import CommandParser
+
+    p = CommandParser(prog="chat_ttft.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--turns", type=int, default=5,
+                   help="messages per conversation, one length each")  # fmt: skip
+    p.add_argument("--max-new-tokens", type=int, default=150,
+                   help="tokens of each answer")  # fmt: skip
+    p.add_argument("--fast", action="store_true",
+                   help="the fast path, as qwen3-chat --fast")  # fmt: skip
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch's CPU threads (default: torch's choice)")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=1,
+                   help="conversations held (each turn's median)")  # fmt: skip
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
     from reasoning_from_scratch.qwen3 import Qwen3Tokenizer
 
     from utils import cli, models

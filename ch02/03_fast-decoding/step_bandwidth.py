@@ -169,9 +169,9 @@ def _parser():
     )
     parser.add_argument(
         "--kernels",
-        default="",
-        help="comma-separated kernel names to time side by side "
-        "instead of the rules' bf16 and int8 choice",
+        default=None,
+        help="comma-separated kernel names to time side by side (default: "
+        "the rules' bf16 and int8 choice)",
     )
     parser.add_argument("--out-dir", default=None,
                         help="folder of the model files (default: the per-user "
@@ -192,7 +192,7 @@ def _run(args) -> int:
         raise UsageError(f"the native step cannot run here: {reason}")
     files = download_qwen3_small("base", out_dir=args.out_dir)  # or stand-ins
     book = load_book_model_file(files.model, "cpu", torch.bfloat16)
-    names = [n.strip() for n in args.kernels.split(",") if n.strip()]
+    names = [n.strip() for n in (args.kernels or "").split(",") if n.strip()]
     try:
         models = native_models(book, names)
     except ValueError as exc:

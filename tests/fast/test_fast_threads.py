@@ -30,15 +30,6 @@ needs_kernels = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def unpinned():
-    """torch's thread count and the pin as they were, after the test."""
-    before = torch.get_num_threads()
-    yield
-    pin_step_threads(None)
-    torch.set_num_threads(before)
-
-
 # ---------------------------------------------------------------------------
 # The choice, by injected step times
 

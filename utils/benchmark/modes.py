@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -22,13 +21,86 @@ from typing import Any
 import torch
 
 from utils.device import synchronize
-from utils.log import get_logger
-
-LOG_NAME = "utils.benchmark"  # the benchmark's progress, under its name
 
 
 class ModeSkipped(Exception):
     """A mode cannot run here (e.g. an optional package is missing)."""
+
+
+# ---------------------------------------------------------------------------
+# The modes: the registry's ways to generate and the benchmark's own
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One row of the benchmark: how its model is built and run (`all_modes`:
+    the registry's entries and the benchmark's own comparisons)."""
+
+    name: str
+    note: str
+    family: str  # "book", "optimized", "fast" or "hf"
+    compiled: bool = False
+    cache: bool = True  # the book's modes: with its KVCache
+    int8: bool = False
+    cpu_only: bool = False  # its kernels exist on CPUs only
+    slow_on_cpu: bool = False  # minutes at 100 tokens: run only when named
+    by_default: bool = True  # run when no modes are named
+
+
+def _registry_mode(path: Any) -> Mode:
+    """The row of a registry entry, read off its `needs`."""
+    needs = path.needs
+    return Mode(path.name, path.summary, path.family,
+                compiled="compile" in needs, cache="cache" in needs,
+                int8=path.int8, cpu_only="cpu" in needs,
+                slow_on_cpu="cache" not in needs,
+                by_default=path.in_default_run)  # fmt: skip
+
+
+_OPTIMIZED = (
+    Mode("optimized", "book package's qwen3_optimized", "optimized"),
+    Mode("optimized_compiled", "book package's qwen3_optimized, torch.compile",
+         "optimized", compiled=True),
+)  # fmt: skip
+_HF = Mode("hf_static", "transformers generate, static cache", "hf")
+
+
+def all_modes() -> tuple[Mode, ...]:
+    """Every mode in the table's order, asked on each use: the registry's
+    book paths, the book package's optimized model, its fast paths, HF."""
+    from utils.streaming import generation_paths
+
+    rows = [_registry_mode(p) for p in generation_paths()]
+    book = [m for m in rows if m.family == "book"]
+    return (*book, *_OPTIMIZED, *[m for m in rows if m.family == "fast"], _HF)
+
+
+def mode_names() -> list[str]:
+    """The names of `all_modes`, in order."""
+    return [m.name for m in all_modes()]
+
+
+def get_mode(name: str) -> Mode:
+    """The mode called `name` (a name `_check_modes` accepted)."""
+    return next(m for m in all_modes() if m.name == name)
+
+
+def default_modes(device: torch.device) -> list[str]:
+    """The modes run when none are named: int8 and native only on CPU, where
+    their kernels exist; the uncached and the compiled modes everywhere but
+    on a CPU, where each takes minutes (running or compiling), so the
+    default set finishes in a few minutes on a 2-core laptop."""
+    modes = all_modes()
+    if device.type == "cpu":
+        return [m.name for m in modes if m.by_default and not opt_in_on_cpu(m)]
+    return [m.name for m in modes if m.by_default and not m.cpu_only]
+
+
+def opt_in_on_cpu(mode: Mode) -> bool:
+    """Whether a CPU runs `mode` only when it is named: minutes to run at
+    100 tokens (no cache) or minutes to compile."""
+    return mode.slow_on_cpu or mode.compiled
 
 
 # ---------------------------------------------------------------------------
@@ -136,88 +208,26 @@ def _covered(spans: list[tuple[int, int]]) -> int:
 # ---------------------------------------------------------------------------
 
 
-HEARTBEAT_S = 60.0  # off a terminal: a "still running" line this often
-
-
-class _Progress:
-    """Counts tokens for one phase of a mode: a tqdm bar on a terminal
-    (redrawn every second, so its clock runs while a compile makes no
-    token); when stderr goes to a file or a pipe, one line at the start,
-    one every `HEARTBEAT_S` seconds while it runs (a compile can take
-    minutes) and one at the end, instead of hundreds of bar updates."""
-
-    def __init__(self, desc: str, total: int | None) -> None:
-        self.desc, self.count, self.start = desc, 0, time.perf_counter()
-        self.bar = None
-        if sys.stderr.isatty():
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total, desc=desc, unit="tok", leave=False)
-        else:
-            get_logger(LOG_NAME).info(f"{desc} ...")
-        self._stop = threading.Event()
-        self._beat = threading.Thread(target=self._heartbeat, daemon=True)
-        self._beat.start()
-
-    def _heartbeat(self) -> None:
-        every = 1.0 if self.bar is not None else HEARTBEAT_S
-        while not self._stop.wait(every):
-            if self.bar is not None:
-                self.bar.refresh()
-                continue
-            took = time.perf_counter() - self.start
-            get_logger(LOG_NAME).info(
-                f"{self.desc}: still running, {self.count} tokens after {took:.0f} s"
-            )
-
-    def update(self) -> None:
-        self.count += 1
-        if self.bar is not None:
-            self.bar.update(1)
-
-    def close(self, finished: bool = True) -> None:
-        """Stop the bar or say how it ended: "done", or "stopped" when the
-        phase ended early (Ctrl-C, an error)."""
-        self._stop.set()
-        self._beat.join()
-        if self.bar is not None:
-            self.bar.close()
-        else:
-            took = time.perf_counter() - self.start
-            get_logger(LOG_NAME).info(
-                f"{self.desc}: {'done' if finished else 'stopped'}, "
-                f"{self.count} tokens in {took:.1f} s"
-            )
-
-
 def time_stream(
     stream: Callable[[], Iterable[Any]],
     device: torch.device,
-    progress: str | None = None,
-    total: int | None = None,
+    tick: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """Time one generation: time to first token, total, number of tokens.
-    With `progress`, the tokens are counted on stderr under that name."""
-    bar = None if progress is None else _Progress(progress, total)
+    `tick` is called after each token (the run's progress counts them)."""
     synchronize(device)
     start = time.perf_counter()
     first = None
     n = 0
-    finished = False
-    try:
-        for tok in stream():
-            if first is None:
-                if hasattr(tok, "device"):
-                    synchronize(device)
-                first = time.perf_counter()
-            n += 1
-            if bar is not None:
-                bar.update()
-        synchronize(device)
-        finished = True
-    finally:
-        if bar is not None:
-            bar.close(finished)
+    for tok in stream():
+        if first is None:
+            if hasattr(tok, "device"):
+                synchronize(device)
+            first = time.perf_counter()
+        n += 1
+        if tick is not None:
+            tick()
+    synchronize(device)
     end = time.perf_counter()
     first = end if first is None else first
     return {"ttft_s": first - start, "total_s": end - start, "tokens": n}
@@ -329,7 +339,8 @@ def _hf_static_runner(book_model, token_ids, n):
     return stream, hf
 
 
-def _hf_time_stream(stream, device) -> dict[str, float]:
+def _hf_time_stream(stream, device, tick=None) -> dict[str, float]:
+    """As `time_stream`; the tokens' times come at the end (no ticks)."""
     synchronize(device)
     start = time.perf_counter()
     stamps = list(stream())

@@ -233,25 +233,6 @@ def describe_noise(rows: Sequence[Mapping[str, Any]]) -> str | None:
 # ---------------------------------------------------------------------------
 
 
-def progress_line(done: int, total: int, name: str, elapsed_s: float) -> str:
-    """ "mode 3 of 6: fast_int8", and once a mode has finished, the time left
-    estimated from the modes so far (their mean time, times the modes left)."""
-    text = f"mode {done + 1} of {total}: {name}"
-    if done:
-        left = elapsed_s / done * (total - done)
-        text += (
-            f" (about {_duration(left)} left, estimated from the "
-            f"{done} mode{'s' if done > 1 else ''} so far)"
-        )
-    return text
-
-
-def _duration(seconds_: float) -> str:
-    if seconds_ < 90:
-        return f"{max(seconds_, 1):.0f} s"
-    return f"{seconds_ / 60:.0f} min"
-
-
 def finished_line(row: Mapping[str, Any]) -> str:
     """The progress line for a mode that finished: its speed and spread,
     first token, weights' read speed and warm-up."""

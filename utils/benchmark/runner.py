@@ -29,9 +29,11 @@ a shared machine's memory can change speed within a second, so a median over
 seconds is not comparable with a probe's best 30 ms). The row fields are
 listed in `utils.benchmark.report.ROW_FIELDS`; the README explains them.
 
-Progress goes to stderr: "mode 3 of 6" with an estimate of the time left.
-Ctrl-C ends the run with `BenchmarkInterrupted`, which carries the rows of
-the modes that finished (the command prints and saves them, exit 130).
+Progress goes to stderr (`utils.benchmark.progress`): before the first mode
+an estimate of the whole run from a quick probe of this machine, "mode 3 of
+6" with the time left, and a line at least every 30 s. Ctrl-C ends the run
+with `BenchmarkInterrupted`, which carries the rows of the modes that
+finished (the command prints and saves them, exit 130).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import statistics
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,19 +53,31 @@ import torch
 
 from utils.benchmark import PROG
 from utils.benchmark.modes import (
-    LOG_NAME,
     PREPARE,
+    Mode,
     ModeSkipped,
     PeakMemory,
     Prepared,
+    all_modes,
+    default_modes,
     forget_compiled_code,
     fresh_compile_cache,
+    get_mode,
+    mode_names,
     no_cuda_probe_line,
     own_tensor_bytes,
     shared_weight_bytes,
     time_stream,
 )
 from utils.benchmark.outputs import check_output_path, plot_format
+from utils.benchmark.progress import (
+    LOG_NAME,
+    Ticker,
+    estimate_line,
+    estimate_run_s,
+    probe,
+    progress_line,
+)
 from utils.benchmark.report import (
     NOISY,
     describe_bandwidth,
@@ -74,7 +88,6 @@ from utils.benchmark.report import (
     format_details,
     format_table,
     plot_results,
-    progress_line,
     write_csv,
     write_json,
 )
@@ -88,61 +101,6 @@ from utils.errors import (
 from utils.log import get_logger
 from utils.stdio import utf8_streams
 
-
-@dataclass(frozen=True)
-class Mode:
-    """One row of the benchmark: how its model is built and run (`all_modes`:
-    the registry's entries and the benchmark's own comparisons)."""
-
-    name: str
-    note: str
-    family: str  # "book", "optimized", "fast" or "hf"
-    compiled: bool = False
-    cache: bool = True  # the book's modes: with its KVCache
-    int8: bool = False
-    cpu_only: bool = False  # its kernels exist on CPUs only
-    slow_on_cpu: bool = False  # minutes at 100 tokens: run only when named
-    by_default: bool = True  # run when no modes are named
-
-
-def _registry_mode(path: Any) -> Mode:
-    """The row of a registry entry, read off its `needs`."""
-    needs = path.needs
-    return Mode(path.name, path.summary, path.family,
-                compiled="compile" in needs, cache="cache" in needs,
-                int8=path.int8, cpu_only="cpu" in needs,
-                slow_on_cpu="cache" not in needs,
-                by_default=path.in_default_run)  # fmt: skip
-
-
-_OPTIMIZED = (
-    Mode("optimized", "book package's qwen3_optimized", "optimized"),
-    Mode("optimized_compiled", "book package's qwen3_optimized, torch.compile",
-         "optimized", compiled=True),
-)  # fmt: skip
-_HF = Mode("hf_static", "transformers generate, static cache", "hf")
-
-
-def all_modes() -> tuple[Mode, ...]:
-    """Every mode in the table's order, asked on each use: the registry's
-    book paths, the book package's optimized model, its fast paths, HF."""
-    from utils.streaming import generation_paths
-
-    rows = [_registry_mode(p) for p in generation_paths()]
-    book = [m for m in rows if m.family == "book"]
-    return (*book, *_OPTIMIZED, *[m for m in rows if m.family == "fast"], _HF)
-
-
-def mode_names() -> list[str]:
-    """The names of `all_modes`, in order."""
-    return [m.name for m in all_modes()]
-
-
-def get_mode(name: str) -> Mode:
-    """The mode called `name` (a name `_check_modes` accepted)."""
-    return next(m for m in all_modes() if m.name == name)
-
-
 BASELINE_MODE = "kv_cache"
 DEFAULT_PROMPT = "Explain large language models in a single sentence."
 DTYPES = {
@@ -150,23 +108,6 @@ DTYPES = {
     "float16": torch.float16,
     "float32": torch.float32,
 }
-
-
-def default_modes(device: torch.device) -> list[str]:
-    """The modes run when none are named: int8 and native only on CPU, where
-    their kernels exist; the uncached and the compiled modes everywhere but
-    on a CPU, where each takes minutes (running or compiling), so the
-    default set finishes in a few minutes on a 2-core laptop."""
-    modes = all_modes()
-    if device.type == "cpu":
-        return [m.name for m in modes if m.by_default and not opt_in_on_cpu(m)]
-    return [m.name for m in modes if m.by_default and not m.cpu_only]
-
-
-def opt_in_on_cpu(mode: Mode) -> bool:
-    """Whether a CPU runs `mode` only when it is named: minutes to run at
-    100 tokens (no cache) or minutes to compile."""
-    return mode.slow_on_cpu or mode.compiled
 
 
 class BenchmarkInterrupted(KeyboardInterrupt):
@@ -322,7 +263,7 @@ def run_benchmark(
     labels = {"standin": standin, "dtype": str(dtype).removeprefix("torch."),
               "synthetic_prompt": prompt_tokens is not None}  # fmt: skip
     run = _Run(book, token_ids.to(dev), max_new_tokens, repeats, dev, quiet, labels)
-    with no_cuda_probe_line():
+    with run.ticker, no_cuda_probe_line():
         return run.all(modes, cold_compile, bandwidth_bytes)
 
 
@@ -405,6 +346,10 @@ class _Run:
     dev: torch.device
     quiet: bool
     labels: dict[str, Any]
+    ticker: Ticker = field(init=False)  # every line of the run goes through it
+
+    def __post_init__(self) -> None:
+        self.ticker = Ticker(self.quiet)
 
     def all(
         self, modes: list[str], cold_compile: bool, probe_bytes: int
@@ -414,6 +359,7 @@ class _Run:
         from utils.benchmark.bandwidth import measure_read_bandwidth
 
         start = time.perf_counter()
+        self.ticker.phase("measuring the memory read speed")
         first = before = measure_read_bandwidth(self.dev, probe_bytes)
         self.log(
             f"memory read speed ({self.dev.type}, torch.sum over "
@@ -421,6 +367,7 @@ class _Run:
         )
         rows: list[dict[str, Any]] = []
         try:
+            self.estimate(modes)
             for i, name in enumerate(modes):
                 self.log(
                     progress_line(i, len(modes), name, time.perf_counter() - start)
@@ -430,6 +377,7 @@ class _Run:
                     row = self.mode(get_mode(name))
                 if row is None:
                     continue
+                self.ticker.phase(f"{name}: measuring the memory read speed")
                 after = measure_read_bandwidth(self.dev, probe_bytes)
                 row.update(self.labels, run_read_gbps=first / 1e9)
                 row["machine_read_gbps"] = max(before, after) / 1e9
@@ -445,11 +393,35 @@ class _Run:
         return rows
 
     def log(self, text: str) -> None:
-        if not self.quiet:
-            get_logger(LOG_NAME).info(text)
+        self.ticker.say(text)
 
-    def progress(self, mode: Mode, what: str) -> str | None:
-        return None if self.quiet else f"{mode.name}: {what}"
+    def estimate(self, modes: list[str]) -> None:
+        """Before the first mode: the whole run's time on this machine now,
+        from the book's KV cache making 5 tokens (and, where an uncached mode
+        runs, one forward over the longest sequence it meets)."""
+        if self.quiet:
+            return
+        self.ticker.phase("a quick probe of this machine")
+        kv, ids = get_mode(BASELINE_MODE), self.token_ids
+        chosen = [get_mode(m) for m in modes]
+        rows = ids.shape[1] + self.n
+        longest = synthetic_prompt(ids, rows)
+
+        def forward() -> None:
+            with torch.inference_mode():
+                self.book(longest).cpu()  # .cpu(): the work is done
+
+        def kv_stream(k: int):
+            return (t.cpu() for t in PREPARE[kv.family](kv, self.book, ids, k).stream())
+
+        uncached = not all(m.cache for m in chosen)
+        try:
+            p = probe(kv_stream, ids.shape[1], forward if uncached else None, rows)
+        except ModeSkipped as exc:  # no estimate, the run goes on
+            self.log(f"no estimate of the run's time: {exc}")
+            return
+        seconds = estimate_run_s(p, chosen, self.n, self.repeats)
+        self.log(estimate_line(p, seconds, len(chosen)))
 
     def mode(self, mode: Mode) -> dict[str, Any] | None:
         """One row for `mode`, or None (after one line) if it is skipped."""
@@ -460,6 +432,7 @@ class _Run:
             forget_compiled_code()  # every compiled mode starts from scratch
         with PeakMemory(self.dev) as mem:
             t0 = time.perf_counter()
+            self.ticker.phase(f"{mode.name}: preparing")
             try:
                 prep = PREPARE[mode.family](mode, self.book, self.token_ids, self.n)
             except ModeSkipped as exc:
@@ -480,7 +453,9 @@ class _Run:
         row["kernels"] = describe_step(prep.model)
         paired = None
         if prep.timer is time_stream:  # tokens come one by one
-            paired = paired_share(prep.stream, row["weight_bytes_per_token"], self.dev)
+            self.ticker.phase(f"{mode.name}: one more run, each token beside torch.sum")
+            stream = self.ticker.counted(prep.stream)
+            paired = paired_share(stream, row["weight_bytes_per_token"], self.dev)
         row["bandwidth_share_paired"], row["paired_read_gbps"] = paired or (None, None)
         if warm["tokens"] != self.n:
             row["note"] += f"; produced {warm['tokens']} tokens"
@@ -494,22 +469,33 @@ class _Run:
 
     def timed(self, mode: Mode, prep: Prepared):
         """(warm-up, warm-up from the compile cache or None, timed runs)."""
-        bars = prep.timer is time_stream
-        what = "warm-up, compiling (minutes on a CPU)" if mode.compiled else "warm-up"
-        kwargs = (
-            {"progress": self.progress(mode, what), "total": self.n} if bars else {}
-        )
-        warm = prep.timer(prep.stream, self.dev, **kwargs)
+        compiling = "warm-up, compiling (minutes on a CPU)"
+        warm = self.once(mode, prep, compiling if mode.compiled else "warm-up")
         cached = None
         if mode.compiled:
             forget_compiled_code()
-            if bars:
-                kwargs["progress"] = self.progress(
-                    mode, "warm-up again, from the compile cache"
-                )
-            cached = prep.timer(prep.stream, self.dev, **kwargs)
-        runs = [prep.timer(prep.stream, self.dev) for _ in range(self.repeats)]
+            cached = self.once(mode, prep, "warm-up again, from the compile cache")
+        runs = [
+            self.once(mode, prep, f"timed run {k} of {self.repeats}")
+            for k in range(1, self.repeats + 1)
+        ]
         return warm, cached, runs
+
+    def once(self, mode: Mode, prep: Prepared, what: str) -> dict[str, float]:
+        """One generation of `mode`, its tokens counted under `what`; a
+        warm-up says when it starts and how it ended ("done" or "stopped")."""
+        self.ticker.phase(f"{mode.name}: {what}")
+        warm_up = what.startswith("warm-up")
+        if warm_up:
+            self.log(f"{mode.name}: {what} ...")
+        finished = False
+        try:
+            got = prep.timer(prep.stream, self.dev, tick=self.ticker.token)
+            finished = True
+        finally:
+            if warm_up or not finished:
+                self.ticker.end(finished)
+        return got
 
 
 def _add_memory(row: dict[str, Any], model, book, mem: PeakMemory) -> None:

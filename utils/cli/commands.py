@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from utils.cli.options import add_sampling_options, sampling_from
 from utils.errors import (
     CommandParser,
     OutputError,
@@ -43,6 +43,7 @@ from utils.errors import (
     require_streams,
     run_command,
     utf8_text,
+    write_stdout,
 )
 from utils.log import get_logger
 from utils.qwen3_tokenizer import IM_END_ID
@@ -51,6 +52,7 @@ from utils.stdio import InputEncodingError, InputLines, utf8_streams
 LOG_NAME = "utils.cli"  # not __name__, which is "__main__" under python -m
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 EMPTY_THINK = "<think>\n\n</think>\n\n"
+STANDIN_TOKENS = 30  # an answer's default length with stand-in weights
 
 
 def _positive_int(text: str) -> int:
@@ -63,30 +65,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _add_common(p: argparse.ArgumentParser, default_tokens: int) -> None:
+def model_options(p: argparse.ArgumentParser) -> None:
+    """The options that say which model files to load, where and how to run
+    them: what every command takes (`load` reads them)."""
     p.add_argument(
         "--device",
         default="auto",
         help="auto (CUDA, then MPS, XPU, CPU), cpu, cuda, cuda:N, mps, xpu",
-    )
-    p.add_argument(
-        "--max-new-tokens",
-        type=_positive_int,
-        default=default_tokens,
-        help="most tokens to generate per answer",
-    )
-    p.add_argument(
-        "--cache",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="use the KV cache",
-    )
-    p.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch.compile the model first, the book's way (warm-up takes "
-        "minutes on a CPU); with --fast: the fastest kind that runs here "
-        "(the native step where it runs, else the compiled transformer block)",
     )
     p.add_argument(
         "--fast",
@@ -119,6 +104,48 @@ def _add_common(p: argparse.ArgumentParser, default_tokens: int) -> None:
         "many as prove fastest); fewer, even 1, can be faster on a machine "
         "busy with other work",
     )
+
+
+def _add_common(p: argparse.ArgumentParser, default_tokens: int) -> None:
+    model_options(p)
+    p.add_argument(
+        "--max-new-tokens",
+        type=_positive_int,
+        default=None,
+        help=f"most tokens to generate per answer (default: {default_tokens}; "
+        f"{STANDIN_TOKENS} with stand-in weights, whose answers never end by "
+        "themselves)",
+    )
+    p.set_defaults(answer_tokens=default_tokens)
+    p.add_argument(
+        "--cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="use the KV cache",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model first, the book's way (warm-up takes "
+        "minutes on a CPU); with --fast: the fastest kind that runs here "
+        "(the native step where it runs, else the compiled transformer block)",
+    )
+
+
+def _answer_length(args: argparse.Namespace, standin: bool) -> int:
+    """--max-new-tokens, else the command's default; with stand-in weights
+    (random: they never write the end-of-sequence token, so every answer
+    runs to the limit, an hour of 1,024 tokens on a slow machine) a short
+    one, said beside the stand-in banner."""
+    if args.max_new_tokens is not None:
+        return args.max_new_tokens
+    if not standin:
+        return args.answer_tokens
+    get_logger(LOG_NAME).warning(
+        f"stand-in weights never end an answer: each stops after "
+        f"{STANDIN_TOKENS} tokens (--max-new-tokens N for longer ones)"
+    )
+    return STANDIN_TOKENS
 
 
 def _say(text: str) -> None:
@@ -288,8 +315,9 @@ def load(args: argparse.Namespace, kind: str, **tokenizer_kwargs: Any) -> Loaded
 def generate_parser() -> argparse.ArgumentParser:
     p = CommandParser(
         prog="qwen3-generate",
-        description="Generate text with Qwen3 0.6B (greedy), streaming it as it "
-        "comes, then print time, tokens/sec and peak memory.",
+        description="Generate text with Qwen3 0.6B (greedy, or sampled with "
+        "--temperature), streaming it as it comes, then print time, tokens/sec "
+        "and peak memory.",
     )
     p.add_argument(
         "--prompt", required=True, type=utf8_text, help="the text to continue"
@@ -310,6 +338,14 @@ def generate_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="after the stats, print the generated token ids on one line",
     )
+    add_sampling_options(p)
+    p.add_argument(
+        "--num-samples",
+        type=_positive_int,
+        default=1,
+        help="answers to the prompt, decoded together as one batch and "
+        "printed as each ends (with --fast: each the text it gets alone)",
+    )
     return p
 
 
@@ -329,14 +365,19 @@ def _generate(argv: Sequence[str] | None) -> int:
             add_generation_prompt=True,
             add_thinking=args.thinking,
         )
+    sampling = sampling_from(args)
     _set_threads(args.threads)
     run = load(args, kind, **tok_kwargs)
+    args.max_new_tokens = _answer_length(args, run.standin)
     try:
         prompt_ids = run.tokenizer.encode(args.prompt)
     except Exception as exc:  # the tokenizer's own limits
         raise UsageError(f"could not encode the prompt ({first_line(exc)}).") from None
-    result = _stream_answer(args, run, prompt_ids)
-    _write_stdout("\n")
+    if args.num_samples > 1:
+        return _print_samples(args, run, prompt_ids, sampling)
+    picker = None if sampling.greedy else sampling.picker()
+    result = _stream_answer(args, run, prompt_ids, picker)
+    write_stdout("\n")
     if result.interrupted:
         get_logger(LOG_NAME).info("stopped (Ctrl-C): the answer is cut short")
     if result.stats:
@@ -350,7 +391,9 @@ def _generate(argv: Sequence[str] | None) -> int:
     return 0
 
 
-def _stream_answer(args: argparse.Namespace, run: Loaded, prompt_ids: list) -> Any:
+def _stream_answer(
+    args: argparse.Namespace, run: Loaded, prompt_ids: list, picker: Any = None
+) -> Any:
     """Stream the answer to stdout; the statistics come back, unprinted."""
     from utils.streaming import stream_generation
 
@@ -363,43 +406,47 @@ def _stream_answer(args: argparse.Namespace, run: Loaded, prompt_ids: list) -> A
             prompt_ids,
             args.max_new_tokens,
             run.tokenizer.eos_token_id,
-            _write_stdout,
+            write_stdout,
             cache=args.cache,
             compile=args.compile,
             fast=args.fast,
             device=run.device,
             stats="quiet",
+            picker=picker,
         )
     except ValueError as exc:  # does not fit: checked before any work
         raise UsageError(str(exc)) from None
 
 
-def _write_stdout(text: str) -> None:
-    """Answer text to stdout, now. A refusal other than a reader gone (a
-    full disk, a read-only file) is an `OutputError` naming where stdout
-    goes: no traceback, and the chat ends instead of answering into it."""
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        why = exc.strerror or str(exc)
-        raise OutputError(
-            f"could not write the answer to standard output ({_stdout_file()}{why}): "
-            "send it to a file you can write, on a disk with free space "
-            "(> answer.txt), or to the terminal"
-        ) from None
+def _print_samples(args, run: Loaded, prompt_ids: list, sampling: Any) -> int:
+    """--num-samples: the samples decoded as one batch (`utils.batch`'s
+    engines), each printed whole as it ends, then the total speed."""
+    import time
 
+    from utils.batch import BookEngine, FastEngine
+    from utils.fast import Request
+    from utils.streaming import decode_bytes
 
-def _stdout_file() -> str:
-    """The file stdout goes to and ": " where Linux tells (/proc), else
-    nothing."""
-    try:
-        target = os.readlink(f"/proc/self/fd/{sys.stdout.fileno()}")
-    except (AttributeError, OSError, ValueError):
-        return ""
-    return f"{target}: " if target.startswith("/") else ""
+    if sampling.greedy:
+        get_logger(LOG_NAME).warning("--temperature 0: every sample is the same")
+    if len(prompt_ids) + args.max_new_tokens > run.model.cfg["context_length"]:
+        raise UsageError("the prompt and --max-new-tokens do not fit the context.")
+    engine = FastEngine.for_run(run, args.int8) if args.fast else BookEngine(run)
+    requests = [Request(k, prompt_ids, args.max_new_tokens, sampling.picker(0, k))
+                for k in range(args.num_samples)]  # fmt: skip
+    got: dict[int, list[int]] = {k: [] for k in range(args.num_samples)}
+    start = time.perf_counter()
+    eos = run.tokenizer.eos_token_id
+    for event in engine.events(requests, args.num_samples, eos):
+        if event.token is not None:
+            got[event.key].append(event.token)
+            continue
+        text = decode_bytes(run.tokenizer, got[event.key])
+        write_stdout(f"--- sample {event.key + 1} ({event.reason}) ---\n{text}\n")
+    made, seconds = sum(map(len, got.values())), time.perf_counter() - start
+    _say(f"\n{args.num_samples} samples, {made} tokens in {seconds:.2f} sec: "
+         f"{made / seconds:.1f} tokens/sec in total")  # fmt: skip
+    return 0
 
 
 def generate_main(argv: Sequence[str] | None = None) -> int:
@@ -441,6 +488,7 @@ class ChatSession:
     messages: list[tuple[str, str]] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     kept: Any = None  # a utils.chat_cache.ChatCache, made with the session
+    picker: Any = None  # samples the answers (utils.sampling); None: greedy
 
     def __post_init__(self) -> None:
         if self.kept is None:
@@ -521,6 +569,7 @@ class ChatSession:
                 fast=self.fast,
                 device=self.device,
                 kept=self.kept,
+                picker=self.picker,
             )
         except ValueError as exc:  # too long for memory: checked before work
             raise UsageError(str(exc)) from None
@@ -555,6 +604,7 @@ def chat_parser() -> argparse.ArgumentParser:
         "current answer.",
     )
     _add_common(p, default_tokens=1024)
+    add_sampling_options(p)
     p.add_argument(
         "--think",
         action=argparse.BooleanOptionalAction,
@@ -628,8 +678,10 @@ def _chat(argv: Sequence[str] | None) -> int:
     lines = InputLines(sys.stdin)
     args = chat_parser().parse_args(argv)
     _import_torch()
+    sampling = sampling_from(args)
     _set_threads(args.threads)
     run = load(args, "reasoning")
+    args.max_new_tokens = _answer_length(args, run.standin)
     model_context = run.model.cfg["context_length"]
     context = args.context_length or model_context
     if context > model_context:
@@ -646,6 +698,7 @@ def _chat(argv: Sequence[str] | None) -> int:
         cache=args.cache,
         compile=args.compile,
         fast=args.fast,
+        picker=None if sampling.greedy else sampling.picker(),
     )
     _say(f"Qwen3 0.6B chat (thinking {'on' if session.thinking else 'off'}). ")
     _say(CHAT_HELP)
@@ -688,20 +741,20 @@ def _chat_line(session: ChatSession, message: str) -> bool:
 
 def _answer(session: ChatSession, message: str) -> None:
     """The assistant's answer on stdout, its statistics on stderr."""
-    _write_stdout("Assistant: ")
+    write_stdout("Assistant: ")
     try:
-        info = session.reply(message, _write_stdout)
+        info = session.reply(message, write_stdout)
     except OutputError:
         raise
     except UsageError as exc:
-        _write_stdout("\n")
+        write_stdout("\n")
         _say(f"qwen3-chat: {exc}")
         return
     except KeyboardInterrupt:
-        _write_stdout("\n")
+        write_stdout("\n")
         _say("[stopped]")
         return
-    _write_stdout("\n")
+    write_stdout("\n")
     note = f"; {info['stopped']}" if info["stopped"] else ""
     _say(
         f"[prompt {info['prompt_tokens']} tokens, answer "

@@ -28,8 +28,9 @@ __all__ = ["describe_error", "disk_reason", "hints"]
 def hints(out_dir: str | os.PathLike, kind: str) -> str:
     official = "Qwen3-0.6B-Base" if kind == "base" else "Qwen3-0.6B"
     also = (
-        "\n    Notebook 01 also loads the reasoning tokenizer: import Qwen3-0.6B the"
-        "\n    same way, with --kind reasoning."
+        "\n    Notebook 01 also loads the reasoning tokenizer: download config.json and"
+        "\n    tokenizer.json of Qwen/Qwen3-0.6B and import them with --kind reasoning"
+        "\n    --tokenizer-only."
         if kind == "base"
         else ""
     )

@@ -3,11 +3,13 @@
 The door is `paths`, the registry of decode paths the rest of the project
 uses. Behind it: `model` (static KV cache), `quantize` (int8 weights),
 `steps` (eager, compiled and native decode steps), `native` (the step as
-one C call), `kernels` and `dispatch` (the C matrix-vector kernels, chosen
-by CPU features), `build` (compiles `csrc/` on first use). How it works:
+one C call, for one row or several), `batch` (many sequences at once),
+`kernels` and `dispatch` (the C matrix-vector kernels, chosen by CPU
+features), `build` (compiles `csrc/` on first use). How it works:
 ch02/03_fast-decoding/README.md.
 """
 
+from utils.fast.batch import BatchDecoder, Event, Request, step_rates
 from utils.fast.dispatch import kernel_table
 from utils.fast.hugepages import huge_page_empty, huge_pages_enabled
 from utils.fast.kernels import get_kernels
@@ -28,6 +30,9 @@ from utils.fast.threads import pin_step_threads
 
 __all__ = [
     "PATHS",
+    "BatchDecoder",
+    "Event",
+    "Request",
     "CompiledStep",
     "DecodePath",
     "DecodeStep",
@@ -50,4 +55,5 @@ __all__ = [
     "prefill",
     "prefill_at",
     "quantize_int8",
+    "step_rates",
 ]

@@ -21,15 +21,17 @@ from __future__ import annotations
 import array
 import operator
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+from reasoning_from_scratch.qwen3 import compute_rope_params
 from torch import Tensor
 
 from utils.fast.dispatch import choose
 from utils.fast.hugepages import move_weights_to_huge_pages
 from utils.fast.kernels import get_kernels
-from utils.fast.model import greedy_step
+from utils.fast.model import cache_length_for, greedy_step
 from utils.fast.threads import ThreadChoice, pinned_threads
 
 # Each layer's linear layers by the letter X of their slots WX (weight)
@@ -42,6 +44,9 @@ _GROUPS = ("QKV", "O", "12", "3")
 # logits and token tensors made at a time (NativeStep._fresh_outputs):
 # about 5 MB ahead for Qwen3's vocabulary
 OUTPUTS_AHEAD = 16
+# Prompt tokens per call of a native prefill (its scores: heads x positions
+# floats a row)
+PREFILL_ROWS = 64
 # The slot names this module fills, per section of the reported layout
 LAYOUT_NAMES = {
     "global": {"EMB", "EMB_SCALE", "FINAL_NORM", "HEAD", "HEAD_SCALE", "COS", "SIN"},
@@ -161,13 +166,17 @@ class NativeStep:
         self._keep_cache: tuple[Tensor, ...] = ()
         self._outputs: list[tuple[Tensor, Tensor]] = []
         self._ints = array.array("q", [0, 0])  # see _token_and_pos
-        chosen = choose(self._kernels, ("exact", "int8"), setting=kernels)
-        self._indices = array.array("i", [chosen["exact"].index, chosen["int8"].index])
+        chosen = choose(self._kernels, ("exact", "int8", "int8_mm"), setting=kernels)
+        self._indices = array.array(
+            "i", [chosen[cls].index for cls in ("exact", "int8", "int8_mm")]
+        )
         # the kernel per class the model's products run (bf16: exact; int8)
         int8 = {_weight(layer)[1] is not None for layer in _linears(model)}
         used = {"exact": False in int8, "int8": True in int8}
         self.kernels = {cls: chosen[cls] for cls, needed in used.items() if needed}
         self.threads = ThreadChoice()
+        self.rows_threads = ThreadChoice()  # steps of several rows: other times
+        self._rope: tuple[Tensor, Tensor] | None = None  # see rows()
 
     def describe(self) -> str:
         """One line for the reader, e.g. "bf16_exact_avx2, int8_avx2"."""
@@ -317,3 +326,87 @@ class NativeStep:
             raise MemoryError("native decode step: out of memory")
         # torch.argmax's choice (first maximum, NaN first), made in C
         return next_token, logits
+
+    def _rows_rope(self, model: Any, positions: int) -> int:
+        """Make the rows' cos/sin tables hold at least `positions` positions
+        (the model's own values, `compute_rope_params`; grown by doubling);
+        returns how many they hold."""
+        held = 0 if self._rope is None else self._rope[0].shape[0]
+        if held < positions:
+            context = model.cfg["context_length"]
+            length = cache_length_for(max(positions, 2 * held), context)
+            self._rope = compute_rope_params(
+                model.head_dim, theta_base=model.cfg["rope_base"], context_length=length
+            )
+            held = length
+        return held
+
+    def rows(
+        self,
+        model: Any,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        caches: Sequence[Sequence[Tensor]],
+        want: Sequence[bool] | None = None,
+    ) -> tuple[list[int], Tensor]:
+        """One step for several rows: row r's token `tokens[r]` at
+        `positions[r]`, its keys and values written into and read from
+        `caches[r]` (per layer keys then values, each (1, kv groups, slots,
+        head_dim) bf16; consecutive rows of one prompt may name the same
+        caches, at consecutive positions). Returns the argmax token and the
+        logits (rows, vocab) of the rows `want` names (None: every row):
+        each row's bits those the step gives it alone (`__call__`),
+        whatever the other rows."""
+        m = len(tokens)
+        held = self._rows_rope(model, max(positions) + 1)
+        table = array.array("Q", self._table)
+        table[self._g["COS"]] = self._rope[0].data_ptr()
+        table[self._g["SIN"]] = self._rope[1].data_ptr()
+        dims = array.array("l", self._dims)
+        dims[self._d["CACHE"]] = held
+        pointers = array.array("Q", [t.data_ptr() for row in caches for t in row])
+        slots = array.array("l", [row[0].shape[2] for row in caches])
+        toks, pos = array.array("q", tokens), array.array("q", positions)
+        flags = None if want is None else array.array("B", [bool(w) for w in want])
+        k = m if want is None else sum(flags)
+        nxt = array.array("l", [0] * max(k, 1))
+        logits = torch.empty(k, self._vocab, dtype=torch.bfloat16)
+        threads = pinned_threads() or self.rows_threads.next(torch.get_num_threads())
+        start = time.perf_counter()
+        rc = self._kernels.lib.qwen3_decode_rows(
+            dims.buffer_info()[0], self._eps, table.buffer_info()[0], m,
+            toks.buffer_info()[0], pos.buffer_info()[0], pointers.buffer_info()[0],
+            slots.buffer_info()[0], 0 if flags is None else flags.buffer_info()[0],
+            self._indices.buffer_info()[0], logits.data_ptr(), nxt.buffer_info()[0],
+            threads,
+        )  # fmt: skip
+        self.rows_threads.record(threads, time.perf_counter() - start)
+        if rc == 1:
+            raise ValueError("native rows step: a token, position or cache is invalid")
+        if rc == 3:
+            raise RuntimeError("native rows step: the CPU cannot run its kernel")
+        if rc:
+            raise MemoryError("native rows step: out of memory")
+        return nxt.tolist()[:k], logits
+
+    def prefill(
+        self, model: Any, token_ids: Tensor, start: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """A prompt (1, n) at positions start.. through `rows`, PREFILL_ROWS
+        rows a call, into the model's own cache (set up for them): each
+        prompt token gets the bits the decode step would give it, on the
+        step's thread team. Returns (argmax token (1, 1), logits (1, vocab))
+        of the last position."""
+        ids = token_ids[0].tolist()
+        caches = [t for d in self._cache_dicts for t in (d["k_cache"], d["v_cache"])]
+        if any(t is None or t.shape[2] < start + len(ids) for t in caches):
+            raise ValueError("native prefill: set up a cache for the prompt first")
+        for i in range(0, len(ids), PREFILL_ROWS):
+            chunk = ids[i : i + PREFILL_ROWS]
+            last = i + len(chunk) == len(ids)
+            nxt, logits = self.rows(
+                model, chunk, range(start + i, start + i + len(chunk)),
+                [caches] * len(chunk), [last and j == len(chunk) - 1
+                                        for j in range(len(chunk))],
+            )  # fmt: skip
+        return torch.tensor([nxt]), logits

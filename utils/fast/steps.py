@@ -24,6 +24,10 @@ from utils.log import get_logger
 _log = get_logger(__name__)
 
 
+# picks one sequence's next token (1, 1) from its logits (1, vocab)
+Picker = Callable[[Tensor], Tensor]
+
+
 class DecodeStep(Protocol):
     """`step(model, cur_token (b, 1), input_pos (1,), kv_len)` -> (next token
     (b, 1), logits (b, vocab)); static-shape steps ignore `kv_len`."""
@@ -95,6 +99,7 @@ class FastQwen3(StaticQwen3):
     def __init__(self, cfg: Mapping[str, Any]) -> None:
         super().__init__(cfg)
         self.decode_step: DecodeStep = EAGER  # what decode_one_token runs
+        self.native_prefill = False  # see use_native_prefill
         self.compile_scope: str | None = None  # "step" or "block" once compiled
         self.register_load_state_dict_post_hook(_renew_native_step)
 
@@ -163,6 +168,13 @@ class FastQwen3(StaticQwen3):
         """Whether `generate` will use the native (one C call) decode step."""
         return isinstance(self.decode_step, NativeStep)
 
+    def use_native_prefill(self, enabled: bool = True) -> None:
+        """Prefill one sequence's prompt through the native step's rows
+        (`NativeStep.prefill`: each token the decode step's bits, on the
+        step's own thread team, which yields a busy core instead of
+        spinning) wherever the native step runs; elsewhere as before."""
+        self.native_prefill = enabled
+
     def release_cache(self) -> None:
         """Drop the KV cache, so its memory is freed (a chat's /clear)."""
         super().release_cache()
@@ -174,10 +186,7 @@ class FastQwen3(StaticQwen3):
 def prefill(model: StaticQwen3, token_ids: Tensor) -> tuple[Tensor, Tensor]:
     """Run the prompt (b, t) from position 0, filling the cache; returns the
     greedy next token (b, 1) and the last position's logits (b, vocab)."""
-    model.use_cpu_matvec()
-    num_tokens = token_ids.shape[1]
-    input_pos = torch.arange(num_tokens, device=token_ids.device)
-    return greedy_step(model, token_ids, input_pos, num_tokens)
+    return prefill_at(model, token_ids, 0)
 
 
 @torch.inference_mode()
@@ -186,8 +195,18 @@ def prefill_at(
 ) -> tuple[Tensor, Tensor]:
     """`prefill` for tokens (b, t) at positions start.. whose cache already
     holds positions 0..start-1 (a chat's next turn prefills only its own
-    tokens); the same returns."""
+    tokens); the same returns. A model set to `use_native_prefill` runs a
+    prompt of one sequence through its native step's rows."""
     model.use_cpu_matvec()
+    step = getattr(model, "decode_step", None)
+    if (
+        getattr(model, "native_prefill", False)
+        and isinstance(step, NativeStep)
+        and token_ids.shape[0] == 1
+        and token_ids.is_cpu
+        and model.cpu_matvec_wanted
+    ):
+        return step.prefill(model, token_ids, start)
     end = start + token_ids.shape[1]
     input_pos = torch.arange(start, end, device=token_ids.device)
     return greedy_step(model, token_ids, input_pos, end)
@@ -214,13 +233,15 @@ def generate(
     max_new_tokens: int,
     eos_token_id: int | None = None,
     start: int = 0,
+    picker: Picker | None = None,
 ) -> Iterator[Tensor]:
     """Yield greedy tokens (shape (batch, 1)) like the book's
     `generate_text_basic_stream_cache`: stop when every sequence produced
     `eos_token_id`, never yielding it or anything after it. `start` > 0:
     the model's cache already holds the keys/values of the first `start`
     tokens (an earlier generation on it, `cache_epoch` unchanged since);
-    only the rest is prefilled."""
+    only the rest is prefilled. `picker` (batch 1): picks each token from
+    the logits instead of argmax (`utils.sampling.TokenPicker`)."""
     if not isinstance(model, FastQwen3):
         raise TypeError(
             "generate() needs a FastQwen3; wrap the book's model with "
@@ -229,7 +250,9 @@ def generate(
     check_generation_inputs(model, token_ids, max_new_tokens)
     if not 0 <= start < token_ids.shape[1]:
         raise ValueError(f"start must be in [0, {token_ids.shape[1]}), got {start}")
-    return _generate(model, token_ids, max_new_tokens, eos_token_id, start)
+    if picker is not None and token_ids.shape[0] != 1:
+        raise ValueError("a picker picks for one sequence: give a batch of one")
+    return _generate(model, token_ids, max_new_tokens, eos_token_id, start, picker)
 
 
 @torch.inference_mode()
@@ -242,7 +265,7 @@ def _all_eos(token: Tensor, eos_token_id: int) -> bool:
     return bool(torch.all(token == eos_token_id))
 
 
-def _generate(model, token_ids, max_new_tokens, eos_token_id, start=0):
+def _generate(model, token_ids, max_new_tokens, eos_token_id, start=0, picker=None):
     if max_new_tokens == 0:
         return
     model.eval()
@@ -250,8 +273,12 @@ def _generate(model, token_ids, max_new_tokens, eos_token_id, start=0):
     device = token_ids.device
     model.setup_cache(batch, prompt_len + max_new_tokens, device, keep=start)
 
+    def pick(token_and_logits):
+        token, logits = token_and_logits
+        return token if picker is None else picker(logits)
+
     def step(token, input_pos, kv_len):
-        return decode_one_token(model, token, input_pos, kv_len)[0]
+        return pick(decode_one_token(model, token, input_pos, kv_len))
 
     # On asynchronous devices, queue step i+1 before looking at token i: the
     # EOS check then waits for a token that is already done while the device
@@ -259,9 +286,9 @@ def _generate(model, token_ids, max_new_tokens, eos_token_id, start=0):
     look_ahead = device.type != "cpu"
 
     if start:
-        token, _ = prefill_at(model, token_ids[:, start:], start)
+        token = pick(prefill_at(model, token_ids[:, start:], start))
     else:
-        token, _ = prefill(model, token_ids)
+        token = pick(prefill(model, token_ids))
     input_pos = torch.tensor([prompt_len], device=device)
     for i in range(max_new_tokens):
         more = i + 1 < max_new_tokens

@@ -463,6 +463,7 @@ def import_qwen3(
     out_dir: str | os.PathLike = "qwen3",
     *,
     require_06b: bool = True,
+    tokenizer_only: bool = False,
     where: str | None = None,
 ) -> Qwen3Files:
     """Turn an official Qwen3 folder into the book's verified files.
@@ -471,15 +472,18 @@ def import_qwen3(
     downloaded from Hugging Face or ModelScope). Writes `qwen3-0.6B-<kind>.pth`
     (bfloat16, the book's key names) and `tokenizer-<kind>.json` to `out_dir`
     with the verification record `download_qwen3_small` accepts, so the
-    notebooks use them without a download. `out_dir` must be a folder no
-    other user could change (`utils.linksafe.untrusted_reason`, the rule of
-    every folder files are kept in for later) that takes a new file:
-    `DestinationError` otherwise, naming it as `where` says (default: its
-    path), before the official folder is read. All or nothing: every input
-    is read and checked before anything is written; both files are written
-    and checked in a temporary folder inside `out_dir`, then moved into
-    place with their records. A failure leaves `out_dir` as it was (not
-    there, if it was not). Returns `utils.download.Qwen3Files`.
+    notebooks use them without a download. `tokenizer_only`: `src` needs
+    only config.json (which model the tokenizer is of) and tokenizer.json, a
+    few MB, and only `tokenizer-<kind>.json` is written (notebook 01 reads
+    the reasoning model's tokenizer, never its weights). `out_dir` must be
+    a folder no other user could change (`utils.linksafe.untrusted_reason`,
+    the rule of every folder files are kept in for later) that takes a new
+    file: `DestinationError` otherwise, naming it as `where` says (default:
+    its path), before the official folder is read. All or nothing: every
+    input is read and checked before anything is written; the files are
+    written and checked in a temporary folder inside `out_dir`, then moved
+    into place with their records. A failure leaves `out_dir` as it was
+    (not there, if it was not). Returns `utils.download.Qwen3Files`.
     """
     from utils.download import Qwen3Files, file_names
 
@@ -487,19 +491,24 @@ def import_qwen3(
     out = Path(out_dir)
     where = where or str(out)
     with _staging(out, where) as stage:
-        folder, sd = _read_official_folder(Path(src), kind, require_06b)
+        if tokenizer_only:
+            folder, sd = _read_official_tokenizer(Path(src), kind), None
+            names = [tok_name]
+        else:
+            folder, sd = _read_official_folder(Path(src), kind, require_06b)
+            names = [model_name, tok_name]
         source = f"import-qwen3 from {folder.resolve()}"
-        with _writing(where), (stage / model_name).open("wb") as f:
-            torch.save(sd, f)  # a file of ours: a full disk says OSError inside
-            del sd
+        with _writing(where):
+            if sd is not None:  # into a file of ours: a full disk is an OSError
+                with (stage / model_name).open("wb") as f:
+                    torch.save(sd, f)
+                del sd
             shutil.copyfile(folder / "tokenizer.json", stage / tok_name)
-        records = {
-            name: _staged_record(stage / name, source)
-            for name in (model_name, tok_name)
-        }
+        records = {name: _staged_record(stage / name, source) for name in names}
         with _writing(where):
             _put_in_place(stage, out, records)
-    return Qwen3Files(tokenizer=out / tok_name, model=out / model_name, standin=False)
+    model = None if tokenizer_only else out / model_name
+    return Qwen3Files(tokenizer=out / tok_name, model=model, standin=False)
 
 
 @contextlib.contextmanager
@@ -643,26 +652,44 @@ def _check_shapes(folder: Path, hf_config: Mapping[str, Any]) -> None:
         )
 
 
+def _checked_config(folder: Path, kind: str) -> dict[str, Any]:
+    """The folder's config.json, after checking it names `kind`'s model and
+    that its tokenizer.json is Qwen3's."""
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(
+            f"No config.json in {folder}; download it together with "
+            "tokenizer.json (and the weights, unless --tokenizer-only)."
+        )
+    hf_config = _read_json_object(config_path)
+    _check_kind(hf_config, kind, folder)
+    _check_tokenizer(folder / "tokenizer.json")
+    return hf_config
+
+
+def _read_official_tokenizer(src: Path, kind: str) -> Path:
+    """The folder of an official download's config.json and tokenizer.json,
+    checked (the weights, if there, are not read); writes nothing."""
+    folder = src.parent if src.is_file() else src
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{src} does not exist or is not a folder.")
+    _checked_config(folder, kind)
+    return folder
+
+
 def _read_official_folder(
     src: Path, kind: str, require_06b: bool
 ) -> tuple[Path, dict[str, torch.Tensor]]:
     """(folder, book state dict in bf16) of an official Qwen3 folder, after
     checking its config, tokenizer and weights; writes nothing."""
     folder, _ = _find_weight_files(src)
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(
-            f"No config.json in {folder}; download it together with the weights."
-        )
-    hf_config = _read_json_object(config_path)
-    _check_kind(hf_config, kind, folder)
-    _check_tokenizer(folder / "tokenizer.json")
+    hf_config = _checked_config(folder, kind)
     _check_shapes(folder, hf_config)
     try:
         sd, cfg = load_hf_checkpoint(folder, dtype=torch.bfloat16)
     except TyingError:
         raise ValueError(
-            f"{config_path} says tie_word_embeddings="
+            f"{folder / 'config.json'} says tie_word_embeddings="
             f"{hf_config.get('tie_word_embeddings')}, which its weights "
             "contradict (lm_head.weight missing or not the embedding): the "
             "folder mixes files of different models; download it again."
@@ -712,6 +739,11 @@ def build_parser() -> CommandParser:
         choices=["base", "reasoning"],
         help="base for Qwen3-0.6B-Base, reasoning for Qwen3-0.6B",
     )
+    imp.add_argument(
+        "--tokenizer-only", action="store_true", help="import only the "
+        "tokenizer: the folder needs config.json and tokenizer.json, a few MB "
+        "(notebook 01 reads the reasoning model's tokenizer, not its weights)",
+    )  # fmt: skip
     where = imp.add_mutually_exclusive_group()
     where.add_argument(
         "--out-dir", default="qwen3", help="where the book's files go (the "
@@ -743,7 +775,9 @@ def _main(argv: list[str] | None) -> int:
     option = "--store" if args.store else "--out-dir"
     where = f"the model store {out}" if args.store else f"--out-dir {out}"
     try:
-        files = import_qwen3(args.path, args.kind, out, where=where)
+        files = import_qwen3(
+            args.path, args.kind, out, tokenizer_only=args.tokenizer_only, where=where
+        )
     except DestinationError as exc:
         raise UsageError(f"{exc.problem}; {_FIXES[option]}.") from None
     except (OSError, ValueError) as exc:

@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#define QWEN3_ABI 0xa0000
+#define QWEN3_ABI 0xc0000
 #define QWEN3_API __attribute__((visibility("default")))
 
 /* QWEN3_ABI, plus 1 when built with OpenMP */
@@ -37,6 +37,10 @@ QWEN3_API int qwen3_matvec(int kernel, const void *x, int x_f32, int count, cons
 QWEN3_API int qwen3_matmul(int kernel, const void *x, int x_f32, long m, int count, const void *const *w, const float *const *scales, const long *n, void *y, int y_f32, long k, int threads);
 /* One decode step (decode_step.c); the table's layout, as text */
 QWEN3_API int qwen3_decode_step(const long *dims, double eps, const void *const *p, const int64_t *token_at, const int64_t *pos_at, const int *kernels, uint16_t *logits, long *next, int threads);
+/* The step for m rows at once, each with its own position and cache
+   (several rows of one prompt may share one), each row's bits those it
+   gets alone (decode_step.c) */
+QWEN3_API int qwen3_decode_rows(const long *dims, double eps, const void *const *p, long m, const int64_t *tokens, const int64_t *pos, const void *const *caches, const long *slots, const unsigned char *want, const int *kernels, uint16_t *logits, long *next, int threads);
 QWEN3_API const char *qwen3_step_layout(void);
 
 #endif

@@ -79,6 +79,29 @@ ROW_KERNEL(rows_i8q_vnni_s2);
 void x_to_bf16(const float *xn, long k, float *xp);
 /* Whether x holds a value bf16 cannot represent (then x_to_bf16 rounds) */
 int needs_float_x(const float *xn, long k);
+/* The m rows of x as the multi-row int8 kernels read them: row r's k
+   int16 (quantize_x's) at q + r * ldq, its scale in xs[r], ok[r] = 0 for
+   a row computed apart (inf or NaN); y's rows ldy values apart */
+typedef struct {
+    const int16_t *q;
+    const float *xs;
+    const unsigned char *ok;
+    long m, ldq, ldy;
+} mm_x;
+/* Several rows of x for a one-row kernel (decode_step.c's rows_multi) or
+   rows_exact_512_mm: m rows of prepared x, ldx floats apart (inner: the
+   one-row kernel); row r of y ldy values after row 0 */
+typedef struct {
+    const float *x;
+    rows_fn inner;
+    long m, ldx, ldy;
+} multi_x;
+/* rows_exact_512_xb's sums for every row of x (a multi_x of rows from
+   x_split), each weight row read once for all of them */
+ROW_KERNEL(rows_exact_512_mm);
+/* x for rows_exact_512_mm: per 32 columns the 16 even ones, then the 16
+   odd ones (exact where x holds bf16 values, as the step's x does) */
+void x_split(const float *xn, long k, float *xp);
 /* The multi-row int8 kernels (kernels_mm.c; class "int8_mm"): x is an
    mm_x there, never a float vector; the vec8 form and AVX512_VNNI's */
 ROW_KERNEL(rows_i8mm);

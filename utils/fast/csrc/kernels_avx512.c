@@ -12,6 +12,11 @@ void x_to_bf16(const float *xn, long k, float *xp) {
     for (long i = 0; i < k; ++i) h[i] = to_bf16(xn[i]);
 }
 
+void x_split(const float *xn, long k, float *xp) {
+    for (long b = 0; b < k; b += 32)
+        for (int i = 0; i < 16; ++i) xp[b + i] = xn[b + 2 * i], xp[b + 16 + i] = xn[b + 2 * i + 1];
+}
+
 int needs_float_x(const float *xn, long k) {
     for (long i = 0; i < k; ++i) {
         uint32_t u;
@@ -100,6 +105,65 @@ T512 void rows_exact_512_xb(const float *xp, const void *wv,
     (void)unused;
     for (long j = j0; j < j1 && lo + j < hi; ++j)
         store(y, y_f32, lo + j, xb_row(x, w + (lo + j) * k, k));
+}
+
+/* Up to XB_MR rows of x (from x_split) times one weight row at a time */
+#define XB_MR 5
+
+/* xb_row's sums of weight row r with the mr rows xr (x_split's: per 32
+   columns, xb_row's even lanes then its odd ones), the row split once for
+   all of them; each sum added in xb_row's order, so with its bits */
+T512 INLINE void xb_tile(const uint16_t *r, const float *const *xr, int mr,
+                         long k, float *out) {
+    __m512 e[XB_MR][2], o[XB_MR][2];
+    for (int q = 0; q < mr; ++q)
+        for (int j = 0; j < 2; ++j) e[q][j] = o[q][j] = _mm512_setzero_ps();
+    for (long i = 0; i < k; i += 64) {
+        __m512 lo[2], hi[2];
+        for (int j = 0; j < 2; ++j) split_bf16(r + i + 32 * j, &lo[j], &hi[j]);
+        for (int q = 0; q < mr; ++q)
+            for (int j = 0; j < 2; ++j) {
+                const float *x = xr[q] + i + 32 * j;
+                e[q][j] = _mm512_fmadd_ps(_mm512_loadu_ps(x), lo[j], e[q][j]);
+                o[q][j] = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16), hi[j], o[q][j]);
+            }
+    }
+    for (int q = 0; q < mr; ++q) out[q] = eo_finish(e[q], o[q]);
+}
+
+/* xb_tile with mr a constant the compiler unrolls */
+T512 static void xb_tile_n(const uint16_t *r, const float *const *xr, int mr,
+                           long k, float *out) {
+    switch (mr) {
+    case 5: xb_tile(r, xr, 5, k, out); break;
+    case 4: xb_tile(r, xr, 4, k, out); break;
+    case 3: xb_tile(r, xr, 3, k, out); break;
+    case 2: xb_tile(r, xr, 2, k, out); break;
+    default: xb_tile(r, xr, 1, k, out); break;
+    }
+}
+
+/* rows_exact_512_xb's passes for every row of x (a multi_x): each weight
+   row read from memory once, then met by the rows of x XB_MR at a time */
+T512 void rows_exact_512_mm(const float *xv, const void *wv,
+                            const float *unused, void *y, int y_f32, long lo,
+                            long hi, long k, long j0, long j1) {
+    const multi_x *mx = (const multi_x *)xv;
+    const uint16_t *w = (const uint16_t *)wv;
+    const size_t esize = y_f32 ? 4 : 2;
+    (void)unused;
+    for (long j = j0; j < j1 && lo + j < hi; ++j) {
+        for (long r0 = 0; r0 < mx->m; r0 += XB_MR) {
+            const int mr = (int)(mx->m - r0 < XB_MR ? mx->m - r0 : XB_MR);
+            const float *xr[XB_MR];
+            float sums[XB_MR];
+            for (int q = 0; q < mr; ++q) xr[q] = mx->x + (r0 + q) * mx->ldx;
+            xb_tile_n(w + (lo + j) * k, xr, mr, k, sums);
+            for (int q = 0; q < mr; ++q)
+                store((char *)y + (size_t)((r0 + q) * mx->ldy) * esize, y_f32, lo + j,
+                      sums[q]);
+        }
+    }
 }
 
 /* ---- int8 class, AVX512_VNNI ------------------------------------------ */

@@ -19,16 +19,6 @@
 
 #include "team.h"
 
-/* The m rows of x as the multi-row kernels read them: row r's k int16 at
-   q + r * ldq, its scale in xs[r], ok[r] = 0 for a row computed apart
-   (inf or NaN); y's rows ldy values apart */
-typedef struct {
-    const int16_t *q;
-    const float *xs;
-    const unsigned char *ok;
-    long m, ldq, ldy;
-} mm_x;
-
 #define MM_R 4   /* weight rows per tile: the kernels' sections */
 #define V8_MR 2  /* rows of x per tile, vec8 form (16 registers on AVX2) */
 
@@ -92,40 +82,47 @@ static inline void v8_tile(const int8_t *const *wr, const int16_t *const *qr,
     }
 }
 
-/* A tile's sums: f[q][i] for weight row wr[q] and row qr[i] of x */
+/* A tile's sums: f[q][i] for weight row wr[q] and row qr[i] of x, i < mr */
 typedef void (*tile_fn)(const int8_t *const *wr, const int16_t *const *qr,
-                        long k, f8 (*f)[8]);
+                        long k, int mr, f8 (*f)[8]);
 
 /* Passes [j0, j1) over weight rows [lo, hi) for every row of x (an mm_x),
-   in tiles of `mr` rows of x (at most 8): each tile of x (in L1) meets
-   every pass of the call (a take of the team: about 128 KB of weights, in
-   L2), so x comes from L2 once per take */
-static void mm_passes(tile_fn tile, int mr, const float *xv, const void *wv,
-                      const float *scale, void *y, int y_f32, long lo,
-                      long hi, long k, long j0, long j1) {
+   in tiles of at most `most` rows of x (at most 8; `even`: the rows
+   shared out evenly between the fewest tiles, e.g. 8 rows as 4 + 4, else
+   every tile `most` rows): each tile of x (in L1) meets every pass of the
+   call (a take of the team: about 128 KB of weights, in L2), so x comes
+   from L2 once per take */
+static void mm_passes(tile_fn tile, int most, int even, const float *xv,
+                      const void *wv, const float *scale, void *y, int y_f32,
+                      long lo, long hi, long k, long j0, long j1) {
     const mm_x *x = (const mm_x *)xv;
     const int8_t *w = (const int8_t *)wv;
+    const long tiles = (x->m + most - 1) / most;
     f8 f[MM_R][8];
-    for (long r0 = 0; r0 < x->m; r0 += mr) {
+    for (long t = 0, r0 = 0, mr; t < tiles; ++t, r0 += mr) {
+        mr = even ? x->m / tiles + (t < x->m % tiles) : most;
         const int16_t *qr[8];
-        tile_x(x, r0, mr, qr);
+        tile_x(x, r0, (int)mr, qr);
         for (long j = j0; j < j1; ++j) {
             long n[MM_R];
             const int nr = pass_rows(lo, hi, j, n);
             const int8_t *wr[MM_R];
             for (int q = 0; q < MM_R; ++q) wr[q] = w + n[q] * k;
-            tile(wr, qr, k, f);
-            tile_store(x, scale, y, y_f32, n, nr, r0, mr, f);
+            tile(wr, qr, k, (int)mr, f);
+            tile_store(x, scale, y, y_f32, n, nr, r0, (int)mr, f);
         }
     }
 }
 
 static void v8_tile_fn(const int8_t *const *wr, const int16_t *const *qr,
-                       long k, f8 (*f)[8]) {
+                       long k, int mr, f8 (*f)[8]) {
+    (void)mr; /* always V8_MR rows */
     v8_tile(wr, qr, k, f);
 }
 
-ROW_KERNEL(rows_i8mm) { mm_passes(v8_tile_fn, V8_MR, x, w, s, y, y_f32, lo, hi, k, j0, j1); }
+ROW_KERNEL(rows_i8mm) {
+    mm_passes(v8_tile_fn, V8_MR, 0, x, w, s, y, y_f32, lo, hi, k, j0, j1);
+}
 
 #ifdef QWEN3_AVX512
 #define T512VNNI \
@@ -138,27 +135,28 @@ ROW_KERNEL(rows_i8mm) { mm_passes(v8_tile_fn, V8_MR, x, w, s, y, y_f32, lo, hi, 
    256-bit halves added are the vec8 lane j's int32 sum for the chunk
    (integers: the same value), converted and added as there. */
 T512VNNI static inline __attribute__((always_inline)) void vnni_tile(
-    const int8_t *const *wr, const int16_t *const *qr, long k, f8 (*f)[8]) {
+    const int8_t *const *wr, const int16_t *const *qr, long k, int mr,
+    f8 (*f)[8]) {
     for (int q = 0; q < MM_R; ++q)
-        for (int i = 0; i < VNNI_MR; ++i) f[q][i] = f8_zero();
+        for (int i = 0; i < mr; ++i) f[q][i] = f8_zero();
     for (long c = 0; c < k; c += I16_CHUNK) {
         const long end = c + I16_CHUNK < k ? c + I16_CHUNK : k;
         __m512i a[MM_R][VNNI_MR];
         for (int q = 0; q < MM_R; ++q)
-            for (int i = 0; i < VNNI_MR; ++i) a[q][i] = _mm512_setzero_si512();
+            for (int i = 0; i < mr; ++i) a[q][i] = _mm512_setzero_si512();
         for (long col = c; col < end; col += 32) {
             __m512i wq[MM_R];
             for (int q = 0; q < MM_R; ++q)
                 wq[q] = _mm512_cvtepi8_epi16(
                     _mm256_loadu_si256((const __m256i *)(wr[q] + col)));
-            for (int i = 0; i < VNNI_MR; ++i) {
+            for (int i = 0; i < mr; ++i) {
                 const __m512i xq = _mm512_loadu_si512(qr[i] + col);
                 for (int q = 0; q < MM_R; ++q)
                     a[q][i] = _mm512_dpwssd_epi32(a[q][i], wq[q], xq);
             }
         }
         for (int q = 0; q < MM_R; ++q)
-            for (int i = 0; i < VNNI_MR; ++i) {
+            for (int i = 0; i < mr; ++i) {
                 const __m512i v = a[q][i];
                 const __m256i l = _mm256_add_epi32(_mm512_castsi512_si256(v),
                                                    _mm512_extracti64x4_epi64(v, 1));
@@ -167,13 +165,22 @@ T512VNNI static inline __attribute__((always_inline)) void vnni_tile(
     }
 }
 
+/* vnni_tile with mr a constant the compiler unrolls */
 T512VNNI static void vnni_tile_fn(const int8_t *const *wr,
-                                  const int16_t *const *qr, long k, f8 (*f)[8]) {
-    vnni_tile(wr, qr, k, f);
+                                  const int16_t *const *qr, long k, int mr,
+                                  f8 (*f)[8]) {
+    switch (mr) {
+    case 6: vnni_tile(wr, qr, k, 6, f); break;
+    case 5: vnni_tile(wr, qr, k, 5, f); break;
+    case 4: vnni_tile(wr, qr, k, 4, f); break;
+    case 3: vnni_tile(wr, qr, k, 3, f); break;
+    case 2: vnni_tile(wr, qr, k, 2, f); break;
+    default: vnni_tile(wr, qr, k, 1, f); break;
+    }
 }
 
 ROW_KERNEL(rows_i8mm_vnni) {
-    mm_passes(vnni_tile_fn, VNNI_MR, x, w, s, y, y_f32, lo, hi, k, j0, j1);
+    mm_passes(vnni_tile_fn, VNNI_MR, 1, x, w, s, y, y_f32, lo, hi, k, j0, j1);
 }
 #endif
 
