@@ -55,6 +55,8 @@ ZH_TEXT = {
     "Prompt": "提示词",
     "Max tokens": "最多 token 数",
     "fast path": "快速路径",
+    "Temperature": "温度",
+    "Seed": "随机种子",
     "compiles on first use: minutes of warm-up on a CPU": (
         "第一次使用时编译：在 CPU 上要预热几分钟"
     ),
