@@ -309,7 +309,7 @@ def test_table_2_1_and_its_chart_name_the_modes_alike(folder, tok, monkeypatch):
     language (a zh chart once read "This machine (cpu)" beside "常规")."""
     if plotting.find_cjk_font() is None:
         pytest.skip("no CJK font installed (e.g. apt install fonts-noto-cjk)")
-    path = NOTEBOOK_DIR / ("zh" if folder == "zh" else "") / "06_compile.ipynb"
+    path = NOTEBOOK_DIRS[0] / ("zh" if folder == "zh" else "") / "06_compile.ipynb"
     (source,) = [s for p, s in chart_cells() if p == path]
     monkeypatch.chdir(path.parent)
     figures = []
