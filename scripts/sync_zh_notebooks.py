@@ -3,7 +3,9 @@
     uv run python scripts/sync_zh_notebooks.py            # update zh/*.ipynb
     uv run python scripts/sync_zh_notebooks.py --check    # exit 1 if stale
 
-Each zh notebook is rebuilt in the English notebook's cell order:
+Every folder in `FOLDERS` (the chapter's notebooks, the bonus notebooks)
+has its Chinese twins in its own `zh/`. Each zh notebook is rebuilt in the
+English notebook's cell order:
 
 * code cells come from the English notebook, source and outputs verbatim;
   only where the zh cell (same cell id) differs from the English one in
@@ -31,7 +33,12 @@ import nbformat
 from utils.fileio import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
-EN_DIR = ROOT / "ch02" / "01_main-chapter-code"
+# The English notebook folders; each keeps its Chinese notebooks in zh/.
+FOLDERS = (
+    ROOT / "ch02" / "01_main-chapter-code",
+    ROOT / "ch02" / "04_batched-inference",
+)
+EN_DIR = FOLDERS[0]
 ZH_DIR = EN_DIR / "zh"
 NBVAL_PREFIX = "# NBVAL_"
 
@@ -145,7 +152,7 @@ def sync(en_dir: Path = EN_DIR, zh_dir: Path = ZH_DIR, check: bool = False) -> i
         new, untranslated = sync_notebook(en, zh, en_path.name)
         text = render(new)
         old = zh_path.read_text(encoding="utf-8") if zh is not None else None
-        rel = zh_path.relative_to(zh_dir.parent)
+        rel = zh_path.relative_to(zh_dir.parent.parent)
         if text != old:
             changed += 1
             print(f"{rel}: {'would change' if check else 'updated'}")
@@ -163,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         "--check", action="store_true", help="write nothing; exit 1 if stale"
     )
     args = parser.parse_args(argv)
-    changed = sync(check=args.check)
+    changed = sum(sync(folder, folder / "zh", check=args.check) for folder in FOLDERS)
     if args.check and changed:
         print("Run: uv run python scripts/sync_zh_notebooks.py", file=sys.stderr)
         return 1

@@ -26,8 +26,9 @@ from markdown_it import MarkdownIt
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 README_ZH = ROOT / "README.zh.md"  # the same first screen, in Chinese
-NOTEBOOKS = ROOT / "ch02" / "01_main-chapter-code"
-ZH_NOTEBOOKS = NOTEBOOKS / "zh"
+# The Chinese notebooks: each English notebook folder's zh/ (the folders
+# are scripts/sync_zh_notebooks.py's FOLDERS; a test ties the two).
+ZH_NOTEBOOK_DIRS = tuple(sorted(p for p in (ROOT / "ch02").glob("*/zh") if p.is_dir()))
 # Folders that are not the repository's own documents.
 SKIPPED_DIRS = {".git", ".venv", "node_modules", "qwen3"}
 # Besides East Asian wide and full-width characters, the punctuation Chinese
@@ -88,7 +89,10 @@ def chinese_markdown() -> list[Doc]:
         Doc(rel(p), p, p.read_text(encoding="utf-8")) for p in repo_files(".zh.md")
     ]
     cells = [
-        d for nb in sorted(ZH_NOTEBOOKS.glob("*.ipynb")) for d in notebook_cells(nb)
+        d
+        for folder in ZH_NOTEBOOK_DIRS
+        for nb in sorted(folder.glob("*.ipynb"))
+        for d in notebook_cells(nb)
     ]
     return files + cells
 

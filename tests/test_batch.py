@@ -157,3 +157,37 @@ def test_options_are_checked_before_any_work(tmp_path, capsys):
         assert words in capsys.readouterr().err
     assert main([str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "p.jsonl")]) == 2
     assert not (tmp_path / "a.jsonl").exists()
+
+
+def test_the_math500_example_on_the_commands_page_grades_answers(tmp_path):
+    """The page's two Python steps, run as printed in a folder holding the
+    problems file (`load_math500_test` reads it instead of downloading):
+    20 prompts in the book's template, then the book's grade_answer."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "commands.md"
+    steps = re.findall(r"uv run python - <<'EOF'\n(.*?)\nEOF", page.read_text("utf-8"),
+                       re.S)  # fmt: skip
+    assert len(steps) == 2 and "grade_answer" in steps[1]
+    problems = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i)}
+                for i in range(25)]  # fmt: skip
+    (tmp_path / "math500_test.json").write_text(json.dumps(problems), "utf-8")
+
+    def run(code: str) -> str:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    run(steps[0])
+    rows = answers(tmp_path / "math20.jsonl")
+    assert len(rows) == 20 and "What is 3 + 3?" in rows[3]["prompt"]
+    assert "\\boxed" in rows[3]["prompt"] and rows[3]["answer"] == "6"
+    said = [f"so the answer is \\boxed{{{2 * i if i % 2 else 0}}}" for i in range(20)]
+    (tmp_path / "math20-answers.jsonl").write_text("".join(
+        json.dumps({"id": i, "sample": 0, "text": t}) + "\n" for i, t in enumerate(said)
+    ), "utf-8")  # fmt: skip
+    assert run(steps[1]).strip() == "11/20 correct"  # the odd ones, and 0 + 0

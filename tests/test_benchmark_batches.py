@@ -54,3 +54,49 @@ def test_a_batch_decodes_every_row_after_its_first_token():
     assert tokens == 4 * 4 and seconds >= 0
     with pytest.raises(ValueError, match="two new tokens"):
         batches.time_batch(None, stream, torch.zeros(4, 2), 1)
+
+
+def test_the_command_measures_batches_and_refuses_what_does_not_apply(
+    capsys, tmp_path, monkeypatch
+):
+    from utils.benchmark import main, runner
+
+    seen = {}
+
+    def fake_rows(book, modes, sizes, ids, n, say, standin):
+        seen.update(modes=modes, sizes=sizes, n=n)
+        return [{"mode": m, "batch_size": s, "total_tokens_per_sec": 2.0 * s,
+                 "tokens_per_sec_per_sequence": 2.0, "peak_mem_bytes": 2**30,
+                 "vs_batch_1": float(s), "standin": True}
+                for m in modes for s in sizes]  # fmt: skip
+
+    monkeypatch.setattr(runner, "batch_rows", fake_rows)
+    monkeypatch.setattr(runner, "_weights", lambda *a: (
+        tiny_state_dict(0, CFG), None, True))  # fmt: skip
+    monkeypatch.setattr(runner, "prompt_token_ids",
+                        lambda *a: torch.tensor([[1, 2, 3]]))  # fmt: skip
+    import utils.models as models
+
+    real = models.load_book_model
+
+    def tiny_load(sd, dev, dtype, cfg):
+        return real(sd, dev, dtype, CFG)
+
+    monkeypatch.setattr(models, "load_book_model", tiny_load)
+    out = tmp_path / "b.json"
+    argv = ["--batch-size", "4,1", "--modes", "kv_cache,book_batched",
+            "--max-new-tokens", "3", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    assert seen == {"modes": ["kv_cache", "book_batched"], "sizes": [1, 4], "n": 3}
+    table = capsys.readouterr().out
+    assert (
+        "total tok/s" in table and "book_batched" in table and "--verbose" not in table
+    )
+    rows = __import__("json").loads(out.read_text())
+    assert {"mode", "batch_size", "total_tokens_per_sec",
+            "tokens_per_sec_per_sequence"} <= set(rows[0])  # fmt: skip
+    bad_args = [(["--batch-size", "0"], "--batch-size takes"),
+                (["--batch-size", "2", "--modes", "fast"], "--modes takes"),
+                (["--batch-size", "2", "--plot", "x.png"], "--plot")]  # fmt: skip
+    for bad, words in bad_args:
+        assert main(bad) == 2 and words in capsys.readouterr().err

@@ -623,7 +623,7 @@ class Panel:
         self.stop = self.root.locator("button", has_text=ZH_TEXT["Stop"])
 
     def set_max_tokens(self, n: int) -> None:
-        box = self.root.locator("input[type='number']")
+        box = self.root.get_by_role("spinbutton", name=ZH_TEXT["Max tokens"])
         box.fill(str(n))
         box.press("Enter")
         box.blur()

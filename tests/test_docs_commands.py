@@ -18,6 +18,7 @@ import pytest
 
 from tests.markdown_text import code_snippets
 from utils.benchmark import runner as benchmark
+from utils.cli import batch_parser
 from utils.cli import commands as cli
 from utils.hf_interop import convert as hf_interop
 
@@ -30,7 +31,8 @@ COMMANDS_PAGE = ROOT / "docs" / "commands.md"
 # what starts a project command, after an optional `uv run [options]`
 COMMAND = re.compile(
     r"(?:uv run (?:--\S+ (?:\S+ )?)*)?"
-    r"(python -m utils\.(?:cli|benchmark|hf_interop)\b|qwen3-(?:generate|chat)\b"
+    r"(python -m utils\.(?:cli|benchmark|hf_interop|batch)\b"
+    r"|qwen3-(?:generate|chat|batch)\b"
     r"|python scripts/\S+)"
 )
 PARSERS = {
@@ -38,6 +40,8 @@ PARSERS = {
     "python -m utils.hf_interop": hf_interop.build_parser,
     "qwen3-generate": cli.generate_parser,
     "qwen3-chat": cli.chat_parser,
+    "qwen3-batch": batch_parser,
+    "python -m utils.batch": batch_parser,
 }
 
 
@@ -49,8 +53,8 @@ def doc_commands() -> list[tuple[str, str]]:
             snippet = snippet.split(" #", 1)[0]  # a trailing comment
             for m in COMMAND.finditer(snippet):
                 rest = snippet[m.start(1) :].strip()
-                if "..." in rest or re.search(r"\w\|\w", rest):
-                    continue  # prose shorthand such as `generate|chat ...`
+                if "..." in rest or re.search(r"\w\|\w", rest) or rest in PARSERS:
+                    continue  # prose shorthand such as `generate|chat ...`, a name
                 found.append((str(doc.relative_to(ROOT)), rest))
     return found
 
@@ -61,7 +65,7 @@ COMMANDS = doc_commands()
 def test_the_docs_show_the_commands():
     names = " ".join(c for _, c in COMMANDS)
     for command in ("utils.benchmark", "utils.hf_interop", "qwen3-generate",
-                    "qwen3-chat", "scripts/"):  # fmt: skip
+                    "qwen3-chat", "qwen3-batch", "scripts/"):  # fmt: skip
         assert command in names, command
 
 

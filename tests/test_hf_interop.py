@@ -290,6 +290,48 @@ def test_export_greedy_generation_matches_transformers(tmp_path):
     assert torch.equal(ours, theirs)
 
 
+def test_export_gives_the_native_batch_paths_greedy_tokens(tmp_path):
+    """What a server (vLLM, SGLang) loads: the exported bf16 folder, read by
+    `transformers` in bf16, picks the native path's greedy tokens, decoded
+    as one continuous batch of prompts of different lengths. Teacher-forced
+    along those tokens: bf16 sums in another order move near ties only (the
+    bound of the native step against the book's model); a wrong name, tie
+    or RoPE setting agrees on almost no step."""
+    import utils.fast.build as build
+    from tests.tiny import tiny_state_dict
+    from utils.fast import BatchDecoder, Request, get_path
+    from utils.models import load_book_model
+
+    if build.unsupported_reason() is not None:
+        pytest.skip("the native step needs the C kernels (x86-64 AVX2, AArch64)")
+    cfg = tiny_config(context_length=512, dtype=torch.bfloat16)
+    book = load_book_model(tiny_state_dict(0, cfg), cfg=cfg)
+    out = export_hf_folder(book, cfg, tmp_path / "hf", **NO_IDS)
+    gen = torch.Generator().manual_seed(0)
+    lengths = (3, 17, 30)
+    prompts = [torch.randint(0, 1000, (n,), generator=gen).tolist() for n in lengths]
+    fast = get_path("fast_native").build(book)
+    ours = {i: [] for i in range(len(prompts))}
+    requests = [Request(i, p, 40) for i, p in enumerate(prompts)]
+    for event in BatchDecoder(fast, len(prompts)).run(requests):
+        if event.token is not None:
+            ours[event.key].append(event.token)
+
+    # eager attention: torch's bf16 SDPA on the CPU fails under
+    # ATEN_CPU_CAPABILITY=avx2 on an AVX-512 machine (pack_vnni2)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        out, dtype=torch.bfloat16, attn_implementation="eager"
+    )
+    same = 0
+    for i, prompt in enumerate(prompts):
+        with torch.no_grad():
+            logits = hf.eval()(torch.tensor([prompt + ours[i]])).logits[0].float()
+        picked = logits[len(prompt) - 1 : -1].argmax(dim=-1).tolist()
+        assert picked[0] == ours[i][0]  # the prompt's first token
+        same += sum(a == b for a, b in zip(picked, ours[i], strict=True))
+    assert same >= 0.9 * 40 * len(prompts), same
+
+
 def test_export_in_bfloat16_records_dtype_and_token_ids(tmp_path):
     cfg = {**TINY, "vocab_size": 151_936 // 32, "dtype": torch.bfloat16}
     sd = tied_standin(7, cfg)

@@ -102,6 +102,30 @@ def test_generation_panel_matches_generator(tok, model):
     assert panel.token_ids == expected
 
 
+def test_the_panels_sampling_boxes_sample_as_the_commands_do(tok, model):
+    """Temperature 0 (the default) is the greedy panel above; a temperature,
+    top-k, top-p and seed draw what utils.sampling draws, the same twice."""
+    from utils.sampling import Sampling
+    from utils.streaming import GreedyStreamer
+
+    panel = widgets.generation_panel(model, tok, PROMPT, max_new_tokens=8, plain=False)
+    assert [b.value for b in panel.sampling_boxes] == [0.0, 0, 1.0, 123]
+    assert panel.picker() is None
+    for box, value in zip(panel.sampling_boxes, (1.3, 50, 0.9, 7), strict=True):
+        box.value = value
+    runs = []
+    for _ in range(2):
+        panel.start()
+        assert panel.wait(timeout=60) and panel.error is None
+        runs.append(list(panel.token_ids))
+    picker = Sampling(1.3, 50, 0.9, 7).picker()
+    prompt = torch.tensor([tok.encode(PROMPT)])
+    want = list(
+        GreedyStreamer(model).stream(prompt, 8, tok.eos_token_id, picker=picker)
+    )
+    assert runs == [want, want] and want != reference_ids(model, tok, PROMPT, 8)
+
+
 def test_generation_panel_fast_toggle_state(tok, model):
     panel = widgets.generation_panel(model, tok, PROMPT, plain=False)
     assert not panel.fast_box.disabled and "utils.fast" in panel.fast_box.tooltip
@@ -190,6 +214,8 @@ def test_the_widgets_speak_the_notebooks_language(tok, model, monkeypatch):
              panel.generate_button, panel.stop_button]  # fmt: skip
     said = [box.description for box in boxes]
     assert said == ["提示词", "最多 token 数", "KV 缓存", "快速路径", "生成", "停止"]
+    said = [box.description for box in panel.sampling_boxes]
+    assert said == ["温度", "top-k", "top-p", "随机种子"]
     panel.start()
     assert panel.wait(timeout=60) and panel.error is None
     assert panel.status.value.startswith("完成：3 个 token，每秒 ")

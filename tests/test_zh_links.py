@@ -20,7 +20,7 @@ import pytest
 from tests.markdown_text import (
     README_ZH,
     ROOT,
-    ZH_NOTEBOOKS,
+    ZH_NOTEBOOK_DIRS,
     Doc,
     chinese_markdown,
     headings,
@@ -48,7 +48,7 @@ def is_prose(path: Path) -> bool:
 
 def is_chinese(path: Path) -> bool:
     return path.name.endswith(".zh.md") or (
-        path.suffix == ".ipynb" and path.parent == ZH_NOTEBOOKS
+        path.suffix == ".ipynb" and path.parent in ZH_NOTEBOOK_DIRS
     )
 
 

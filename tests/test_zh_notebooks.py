@@ -19,6 +19,7 @@ import pytest
 
 from tests import book_text
 from tests.markdown_text import (
+    ZH_NOTEBOOK_DIRS,
     breaks_next_to_full_width,
     chart_text_literals,
     chinese_markdown,
@@ -43,7 +44,13 @@ def load_sync():
 
 
 sync = load_sync()
-ENGLISH = sync.english_notebooks(EN_DIR)
+# Every English notebook with a Chinese twin: the chapter's and the bonus ones
+ENGLISH = [nb for folder in sync.FOLDERS for nb in sync.english_notebooks(folder)]
+
+
+def twin(en_path: Path) -> Path:
+    """The Chinese notebook of an English one."""
+    return en_path.parent / "zh" / en_path.name
 
 
 def checked(cell) -> bool:
@@ -68,12 +75,19 @@ def drift(en, zh) -> list[str]:
 
 
 def test_english_notebooks_exist():
-    assert len(ENGLISH) >= 6, [p.name for p in ENGLISH]
+    assert len(ENGLISH) >= 7, [p.name for p in ENGLISH]
+    assert sync.FOLDERS[0] == EN_DIR
+
+
+def test_the_docs_checks_read_the_zh_folders_sync_keeps():
+    """tests.markdown_text finds the Chinese notebooks by their zh/ folders
+    (links, line breaks, the glossary); they are the sync tool's folders."""
+    assert ZH_NOTEBOOK_DIRS == tuple(sorted(f / "zh" for f in sync.FOLDERS))
 
 
 @pytest.mark.parametrize("en_path", ENGLISH, ids=lambda p: p.stem)
 def test_zh_notebook_matches_the_english_code(en_path):
-    zh_path = ZH_DIR / en_path.name
+    zh_path = twin(en_path)
     assert zh_path.is_file(), (
         f"{zh_path.relative_to(ROOT)} is missing; run "
         f"`uv run python scripts/sync_zh_notebooks.py` and translate its markdown"
@@ -85,7 +99,7 @@ def test_zh_notebook_matches_the_english_code(en_path):
 
 @pytest.mark.parametrize("en_path", ENGLISH, ids=lambda p: p.stem)
 def test_zh_markdown_is_translated(en_path):
-    zh_path = ZH_DIR / en_path.name
+    zh_path = twin(en_path)
     if not zh_path.is_file():
         pytest.fail(f"{zh_path.name} is missing")
     en = nbformat.read(en_path, as_version=4)
@@ -98,8 +112,8 @@ def test_zh_markdown_is_translated(en_path):
 
 @pytest.mark.parametrize(
     "path",
-    ENGLISH + [ZH_DIR / p.name for p in ENGLISH],
-    ids=lambda p: str(p.relative_to(EN_DIR)),
+    ENGLISH + [twin(p) for p in ENGLISH],
+    ids=lambda p: str(p.relative_to(EN_DIR.parent)),
 )
 def test_notebook_markdown_has_no_line_break_next_to_full_width(path):
     nb = nbformat.read(path, as_version=4)
@@ -154,7 +168,7 @@ def zh_prose() -> list[tuple[str, str]]:
     """(where, text) of every Chinese text: docs, zh markdown, zh comments
     (the glossary itself, which names the avoided terms, left out)."""
     found = [(d.label, d.text.split("## 术语对照", 1)[0]) for d in chinese_markdown()]
-    for path in sorted(ZH_DIR.glob("*.ipynb")):
+    for path in map(twin, ENGLISH):
         for c in nbformat.read(path, as_version=4).cells:
             if c.cell_type == "code":
                 found.append((f"{path.name} cell {c.id}", c.source))
@@ -311,14 +325,15 @@ def test_sync_writes_missing_notebooks_and_check_reports(tmp_path, capsys):
     assert sync.main(["--check"]) in (0, 1)  # the real folders: runs
 
 
-def test_the_zh_folder_holds_only_notebooks():
+@pytest.mark.parametrize("folder", sync.FOLDERS, ids=lambda p: p.name)
+def test_the_zh_folder_holds_only_notebooks(folder):
     """JupyterLab lists everything in `zh/` beside the notebooks; test
     settings (which zh notebooks pytest runs) live in the root conftest.py."""
     import subprocess
 
     try:
         listed = subprocess.run(
-            ["git", "ls-files", "--", "."], cwd=ZH_DIR, capture_output=True,
+            ["git", "ls-files", "--", "."], cwd=folder / "zh", capture_output=True,
             text=True, check=True,
         ).stdout.split()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):

@@ -153,7 +153,9 @@ def test_every_translation_keeps_the_format_fields():
 
 # --- every chart cell of the notebooks, en and zh, in either order ----------
 
-NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "ch02" / "01_main-chapter-code"
+CH02 = Path(__file__).resolve().parents[1] / "ch02"
+# The notebook folders with charts: the chapter's and the batched-inference bonus
+NOTEBOOK_DIRS = (CH02 / "01_main-chapter-code", CH02 / "04_batched-inference")
 # The ten ids notebook 03's seeded stand-in ranks first after its prompt
 # (three of them Chinese: '优先', '其所', '取暖'; one Arabic, one Cyrillic).
 STANDIN_TOP_IDS = [104747, 111014, 41954, 14177, 115693]
@@ -163,7 +165,11 @@ STANDIN_TOP_IDS += [23528, 125696, 63493, 126219, 54520]
 def chart_cells() -> list[tuple[Path, str]]:
     """(notebook, source) of every code cell that draws with pyplot."""
     cells = []
-    notebooks = [*NOTEBOOK_DIR.glob("*.ipynb"), *NOTEBOOK_DIR.glob("zh/*.ipynb")]
+    notebooks = [
+        path
+        for folder in NOTEBOOK_DIRS
+        for path in [*folder.glob("*.ipynb"), *folder.glob("zh/*.ipynb")]
+    ]
     for path in sorted(notebooks):
         for cell in nbformat.read(path, as_version=4).cells:
             if cell.cell_type == "code" and "plt.subplots" in cell.source:
@@ -178,6 +184,7 @@ def chart_inputs(stem: str, tok) -> dict:
     from reasoning_from_scratch.qwen3 import QWEN_CONFIG_06_B
 
     mine = {"Regular": 1.2, "Regular compiled": 1.5, "KV cache": 8.0}
+    batch_sizes = [1, 2, 4, 8, 16]
     mine["KV cache compiled"] = 9.5
     inputs = {
         "02_load-model": {
@@ -196,6 +203,12 @@ def chart_inputs(stem: str, tok) -> dict:
             "cfg": QWEN_CONFIG_06_B,
             "bytes_per_element": 2,
             "bytes_per_token": 114_688,
+        },
+        "01_batched-inference": {
+            "torch": torch,
+            "device": torch.device("cpu"),
+            "batch_sizes": batch_sizes,
+            "book_rates": {b: (17.0 * b**0.7, 17.0 / b**0.3) for b in batch_sizes},
         },
         "06_compile": {
             "device": torch.device("cpu"),
@@ -241,7 +254,11 @@ def run_chart_cell(source: str, namespace: dict, labels_first: bool) -> list[str
 def test_every_notebook_has_its_charts():
     found = {(p.parent.name, p.stem) for p, _ in chart_cells()}
     stems = {"02_load-model", "03_next-token", "05_kv-cache", "06_compile"}
-    assert found == {(d, s) for d in ("01_main-chapter-code", "zh") for s in stems}
+    bonus = "01_batched-inference"
+    assert found == {
+        *((d, s) for d in ("01_main-chapter-code", "zh") for s in stems),
+        *((d, bonus) for d in ("04_batched-inference", "zh")),
+    }
 
 
 def cell_id(value: object) -> str:
@@ -292,7 +309,7 @@ def test_table_2_1_and_its_chart_name_the_modes_alike(folder, tok, monkeypatch):
     language (a zh chart once read "This machine (cpu)" beside "常规")."""
     if plotting.find_cjk_font() is None:
         pytest.skip("no CJK font installed (e.g. apt install fonts-noto-cjk)")
-    path = NOTEBOOK_DIR / ("zh" if folder == "zh" else "") / "06_compile.ipynb"
+    path = NOTEBOOK_DIRS[0] / ("zh" if folder == "zh" else "") / "06_compile.ipynb"
     (source,) = [s for p, s in chart_cells() if p == path]
     monkeypatch.chdir(path.parent)
     figures = []

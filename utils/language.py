@@ -55,6 +55,8 @@ ZH_TEXT = {
     "Prompt": "提示词",
     "Max tokens": "最多 token 数",
     "fast path": "快速路径",
+    "Temperature": "温度",
+    "Seed": "随机种子",
     "compiles on first use: minutes of warm-up on a CPU": (
         "第一次使用时编译：在 CPU 上要预热几分钟"
     ),
@@ -72,6 +74,13 @@ ZH_TEXT = {
     ),
     "; {kind}: {gb} GB": "；{kind}：{gb} GB",
     "error: {message}": "出错：{message}",
+    # 04_batched-inference's chart (bonus)
+    "batch size": "batch 大小",
+    "all sequences together": "所有序列合计",
+    "each sequence": "每个序列",
+    "Decode speed on this machine ({device})": "本机的解码速度（{device}）",
+    "the book's batched model (bf16)": "书中的批量模型（bf16）",
+    "this repository's fast decoder": "本仓库的快速解码器",
     # what `utils.device.peak_memory_bytes` says a memory figure is
     "Peak process memory (RSS)": "进程内存峰值（RSS）",
     "MPS memory held": "MPS 占用的内存",

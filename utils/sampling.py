@@ -40,6 +40,12 @@ class Sampling:
         if problem:
             raise ValueError(problem)
 
+    @classmethod
+    def of_boxes(cls, temperature: float, top_k: int, top_p: float, seed: int):
+        """From a form's boxes, where top-k 0 and top-p 1 mean all tokens."""
+        return cls(float(temperature), int(top_k) or None,
+                   float(top_p) if top_p < 1 else None, int(seed))  # fmt: skip
+
     @property
     def greedy(self) -> bool:
         """Whether this picks the argmax (temperature 0)."""

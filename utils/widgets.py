@@ -6,7 +6,8 @@
   "Step" appends the chosen token (the most likely one unless you pick
   another) and redraws.
 * `generation_panel(model, tokenizer, prompt)`: streams generated text with
-  tokens/sec, with KV cache / compile / fast-path switches and a Stop button.
+  tokens/sec, with KV cache / compile / fast-path switches, sampling boxes
+  (temperature 0: greedy) and a Stop button.
 
 Their words (buttons, boxes, status line, chart) follow the notebook's
 language (`utils.language`: Chinese in the `zh/` notebooks).
@@ -296,6 +297,7 @@ class GenerationPanel(_View):
             [
                 self.prompt_box,
                 w.HBox([self.max_tokens, self.cache_box, self.compile_box]),
+                w.HBox(self._sampling_boxes(w)),
                 w.HBox([self.fast_box, self.generate_button, self.stop_button]),
                 self.output,
                 self.status,
@@ -305,6 +307,28 @@ class GenerationPanel(_View):
         self.widget.add_class("qwen3-generation-panel")
         self.output.add_class("qwen3-generation-output")
         self.status.add_class("qwen3-generation-status")
+
+    def _sampling_boxes(self, w: Any) -> list[Any]:
+        """Temperature (0: the chapter's argmax), top-k (0: all), top-p (1:
+        all) and the seed of the draws (`utils.sampling.Sampling.of_boxes`)."""
+        kw = dict(style={"description_width": "initial"}, layout=w.Layout(width="auto"))
+        self.sampling_boxes = [
+            w.BoundedFloatText(0.0, min=0.0, max=5.0, step=0.1,
+                               description=in_language("Temperature"), **kw),
+            w.BoundedIntText(0, min=0, max=10**6, description="top-k", **kw),
+            w.BoundedFloatText(1.0, min=0.01, max=1.0, step=0.05,
+                               description="top-p", **kw),
+            w.BoundedIntText(123, min=0, max=2**31 - 1,
+                             description=in_language("Seed"), **kw),
+        ]  # fmt: skip
+        return self.sampling_boxes
+
+    def picker(self) -> Any:
+        """The picker the sampling boxes ask for (None: greedy)."""
+        from utils.sampling import Sampling
+
+        sampling = Sampling.of_boxes(*(b.value for b in self.sampling_boxes))
+        return None if sampling.greedy else sampling.picker()
 
     @property
     def running(self) -> bool:
@@ -376,6 +400,7 @@ class GenerationPanel(_View):
                 should_stop=self._stop.is_set,
                 on_token=self.token_ids.append,
                 stats="quiet",
+                picker=self.picker(),
             )
             self.stats = result.stats
             self._show(result.elapsed_s, final=True)
@@ -411,24 +436,14 @@ def generation_panel(
     if widgets_enabled(plain):
         return GenerationPanel(model, tokenizer, prompt, max_new_tokens, eos_token_id)
     stream_generation(
-        GreedyStreamer(model),
-        tokenizer,
-        tokenizer.encode(prompt),
-        max_new_tokens,
-        eos_token_id,
-        lambda piece: print(piece, end="", flush=True),
-        cache=cache,
+        GreedyStreamer(model), tokenizer, tokenizer.encode(prompt), max_new_tokens,
+        eos_token_id, lambda piece: print(piece, end="", flush=True), cache=cache,
         stats="print",
-    )
+    )  # fmt: skip
     return None
 
 
 __all__: Sequence[str] = [
-    "widgets_enabled",
-    "token_explorer",
-    "next_token_view",
-    "generation_panel",
-    "TokenExplorer",
-    "NextTokenView",
-    "GenerationPanel",
-]
+    "widgets_enabled", "token_explorer", "next_token_view", "generation_panel",
+    "TokenExplorer", "NextTokenView", "GenerationPanel",
+]  # fmt: skip

@@ -41,6 +41,21 @@ def parse_sizes(text: str) -> list[int]:
     return sorted(set(sizes))
 
 
+def batch_modes(modes: Sequence[str] | None, device: torch.device) -> list[str]:
+    """The batch modes asked for (ValueError naming the choices), or those
+    that run on `device` (the fast engine's: a CPU with the C kernels)."""
+    if modes is None or list(modes) == ["all"]:
+        from utils.fast import get_path
+
+        return [m for m in BATCH_MODES if not m.startswith("fast")
+                or get_path(m).unavailable(device) is None]  # fmt: skip
+    bad = [m for m in modes if m not in BATCH_MODES]
+    if bad or not modes:
+        raise ValueError(f"with --batch-size, --modes takes {', '.join(BATCH_MODES)}"
+                         f" (got {', '.join(bad) or 'none'})")  # fmt: skip
+    return list(dict.fromkeys(modes))
+
+
 def _book_stream(model, ids: torch.Tensor, n: int) -> Iterator[Any]:
     from utils.generation import generate_text_basic_stream_cache
 
@@ -108,11 +123,13 @@ def batch_rows(
     sizes: Sequence[int],
     prompt_ids: torch.Tensor,
     max_new_tokens: int,
-    say: Callable[[str], Any] = lambda _: None,
+    say: Callable[[str], Any] | None = None,
+    standin: bool = False,
 ) -> list[dict[str, Any]]:
     """One row per mode and batch size (see module), modes in turn, each
-    built once from `book_model` (which is left as it was)."""
-    device = prompt_ids.device
+    built once from `book_model` (which is left as it was); `standin`
+    marks the rows as measured on stand-in weights."""
+    device, say = prompt_ids.device, say or (lambda _: None)
     rows = []
     for mode in modes:
         build, stream = _builder(mode)
@@ -127,6 +144,7 @@ def batch_rows(
                 "total_tokens_per_sec": tokens / seconds,
                 "tokens_per_sec_per_sequence": tokens / seconds / size,
                 "peak_mem_bytes": mem.peak, "device": str(device),
+                "standin": standin,
             })  # fmt: skip
         del model
     for row in rows:

@@ -448,3 +448,14 @@ PREPARE = {
     "fast": _prepare_path,
     "hf": _prepare_hf,
 }
+
+
+def make_resident(model: torch.nn.Module) -> None:
+    """Read every CPU weight of `model` once. The pages of a memory-mapped
+    checkpoint then are resident before the first mode, instead of showing
+    up as its growth on top of the weights it reads in place (which counted
+    them twice: kv_cache, the first mode, showed 2.57 GB instead of 1.4)."""
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            if t.device.type == "cpu" and t.numel():
+                t.sum()

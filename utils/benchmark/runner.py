@@ -52,6 +52,13 @@ from typing import Any
 import torch
 
 from utils.benchmark import PROG
+from utils.benchmark.batches import (
+    BATCH_MODES,
+    batch_modes,
+    batch_rows,
+    format_batch_table,
+    parse_sizes,
+)
 from utils.benchmark.modes import (
     PREPARE,
     Mode,
@@ -63,6 +70,7 @@ from utils.benchmark.modes import (
     forget_compiled_code,
     fresh_compile_cache,
     get_mode,
+    make_resident,
     mode_names,
     no_cuda_probe_line,
     own_tensor_bytes,
@@ -225,10 +233,11 @@ def run_benchmark(
     quiet: bool = False,
     bandwidth_bytes: int = 1 << 30,
     tokenizer_path: str | os.PathLike | None = None,
+    batch_sizes: Sequence[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Time each mode on one model (same weights, prompt and token count) and
-    return one dict per mode (fields: benchmark_report.ROW_FIELDS).
-
+    return one dict per mode (fields: benchmark_report.ROW_FIELDS); with
+    `batch_sizes`, the decode of batches instead (`batches.batch_rows`).
     Weights come from `download_qwen3_small` (stand-ins offline), `model_path`,
     or `cfg` + `state_dict` (tests); the tokenizer from `tokenizer_path`, else
     beside `model_path`, else the download; `token_ids` overrides the prompt,
@@ -237,28 +246,29 @@ def run_benchmark(
     your usual compile cache (warm-ups may be shorter); `bandwidth_bytes` is
     the buffer size for the read-speed probe. Progress goes to stderr
     (nothing with `quiet`). Ctrl-C raises `BenchmarkInterrupted` with the
-    rows of the modes that finished.
-    """
+    rows of the modes that finished."""
     from utils.device import resolve_device
     from utils.models import load_book_model
 
     dev = resolve_device(device) if isinstance(device, str) else torch.device(device)
     dtype = _check_arguments(dtype, max_new_tokens, repeats, prompt_tokens)
-    modes = _check_modes(_modes_for(dev, modes, quiet))
-    standin = False
+    modes = _modes_for(dev, modes, quiet, bool(batch_sizes))
+    standin = False  # unless the files say so
     if state_dict is None:
-        state_dict, tokenizer_path, standin = _weights(
-            model_path, out_dir, tokenizer_path
-        )
+        state_dict, tokenizer_path, standin = _weights(model_path, out_dir,
+                                                       tokenizer_path)  # fmt: skip
     book = load_book_model(state_dict, dev, dtype, cfg)
     if prompt_tokens is not None:
         check_context(book.cfg["context_length"], prompt_tokens, max_new_tokens)
     make_resident(book)
     if token_ids is None:
-        token_ids = prompt_token_ids(
-            tokenizer_path or _tokenizer_file(out_dir), prompt, dev
-        )
+        token_ids = prompt_token_ids(tokenizer_path or _tokenizer_file(out_dir),
+                                     prompt, dev)  # fmt: skip
     token_ids = _checked_prompt(book, token_ids, prompt_tokens, max_new_tokens)
+    if batch_sizes:
+        say = None if quiet else get_logger(LOG_NAME).info
+        return batch_rows(book, modes, batch_sizes, token_ids.to(dev), max_new_tokens,
+                          say, standin)  # fmt: skip
     _check_memory(book.cfg, token_ids.shape[1], max_new_tokens, modes, dev)
     labels = {"standin": standin, "dtype": str(dtype).removeprefix("torch."),
               "synthetic_prompt": prompt_tokens is not None}  # fmt: skip
@@ -289,17 +299,6 @@ def check_context(context_length: int, prompt_tokens: int, new_tokens: int) -> N
         )
 
 
-def make_resident(model: torch.nn.Module) -> None:
-    """Read every CPU weight of `model` once. The pages of a memory-mapped
-    checkpoint then are resident before the first mode, instead of showing
-    up as its growth on top of the weights it reads in place (which counted
-    them twice: kv_cache, the first mode, showed 2.57 GB instead of 1.4)."""
-    with torch.no_grad():
-        for t in [*model.parameters(), *model.buffers()]:
-            if t.device.type == "cpu" and t.numel():
-                t.sum()
-
-
 def _check_memory(cfg, prompt_len: int, n: int, modes: list[str], dev) -> None:
     """Refuse, before any mode runs, a prompt whose attention would not fit
     (the uncached modes run prompt + n tokens at once in their last step)."""
@@ -309,9 +308,12 @@ def _check_memory(cfg, prompt_len: int, n: int, modes: list[str], dev) -> None:
     check_prefill_fits(cfg, prompt_len + (n if uncached else 0), dev)
 
 
-def _modes_for(dev: torch.device, modes: Sequence[str] | None, quiet: bool):
+def _modes_for(dev: torch.device, modes: Sequence[str] | None, quiet: bool,
+               batches: bool = False):  # fmt: skip
+    if batches:  # --batch-size's modes
+        return batch_modes(modes, dev)
     if modes is not None:
-        return modes
+        return _check_modes(modes)
     chosen = default_modes(dev)
     left_out = [m.name for m in all_modes() if m.by_default and m.name not in chosen]
     if dev.type == "cpu" and left_out and not quiet:
@@ -320,7 +322,7 @@ def _modes_for(dev: torch.device, modes: Sequence[str] | None, quiet: bool):
             "each, compiling or without a cache): e.g. --modes "
             "kv_cache,kv_cache_compiled, or --modes all"
         )
-    return chosen
+    return _check_modes(chosen)
 
 
 def _tokenizer_file(out_dir: str | os.PathLike) -> Path:
@@ -643,6 +645,11 @@ def build_parser() -> CommandParser:
         "repeated): the table then shows the prefill's tokens/sec",
     )  # fmt: skip
     p.add_argument(
+        "--batch-size", default=None, metavar="SIZES", help="e.g. 1,4,8,16: decode "
+        "speed and memory per mode and batch size instead (modes: "
+        f"{', '.join(BATCH_MODES)})",
+    )  # fmt: skip
+    p.add_argument(
         "--verbose", action="store_true", help="also print the wide table (warm-up "
         "cold and cached, read speed and its shares) and the notes",
     )  # fmt: skip
@@ -682,8 +689,13 @@ def _add_file_arguments(p: CommandParser) -> None:
 def _check_cli(args) -> list[str] | None:
     """The modes asked for; every argument checked before any work."""
     modes = None
+    if args.batch_size is not None:
+        args.batch_size = parse_sizes(args.batch_size)
+        if args.plot or args.verbose:
+            raise ValueError("--plot and --verbose are Table 2.1's; drop them")
     if args.modes is not None:
-        modes = _check_modes([m.strip() for m in args.modes.split(",") if m.strip()])
+        modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+        modes = modes if args.batch_size else _check_modes(modes)
     if args.max_new_tokens < 2:
         raise ValueError("--max-new-tokens must be at least 2")
     if args.repeats < 1:
@@ -729,6 +741,7 @@ def _main(argv: Sequence[str] | None) -> int:
             out_dir=args.out_dir,
             prompt_tokens=args.prompt_tokens,
             cold_compile=not args.warm_cache,
+            batch_sizes=args.batch_size,
         )
     except (ValueError, FileNotFoundError, DownloadError) as exc:
         raise UsageError(str(exc)) from None
@@ -750,7 +763,8 @@ def _report(rows: list[dict[str, Any]], args) -> None:
     """The table and its notes on stdout (the wide table and the read-speed
     notes with --verbose); files written; banner on stderr."""
     print()
-    print(format_table(rows))
+    print(format_batch_table(rows) if "batch_size" in rows[0]
+          else format_table(rows))  # fmt: skip
     for note in (describe_noise(rows), describe_choice(rows)):
         if note:
             print(note)
@@ -760,7 +774,7 @@ def _report(rows: list[dict[str, Any]], args) -> None:
         for note in (describe_bandwidth(rows), describe_kernels(rows)):
             if note:
                 print(note)
-    else:
+    elif "batch_size" not in rows[0]:
         print("More columns and notes: --verbose; every field: --json PATH.")
     log = get_logger(LOG_NAME)
     for path, writer in ((args.json, write_json), (args.csv, write_csv)):

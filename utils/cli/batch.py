@@ -35,13 +35,14 @@ from utils.batch import (
     pending,
     read_jobs,
 )
-from utils.cli.commands import load, model_options
+from utils.cli.commands import STANDIN_TOKENS, load, model_options
 from utils.cli.options import add_sampling_options, sampling_from
 from utils.errors import CommandParser, UsageError, require_streams, run_command
 from utils.log import get_logger
 
 PROG = "qwen3-batch"
 SIZES = (1, 2, 4, 8, 16)  # batch sizes measured for the default
+ANSWER_TOKENS = 512  # new tokens an answer may take, where nothing says
 _log = get_logger("utils.batch")
 
 
@@ -66,8 +67,10 @@ def batch_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-new-tokens",
         type=int,
-        default=512,
-        help="most tokens per answer, where a line does not say",
+        default=None,
+        help=f"most tokens per answer, where a line does not say (default: "
+        f"{ANSWER_TOKENS}; {STANDIN_TOKENS} with stand-in weights, whose "
+        "answers never end by themselves)",
     )
     p.add_argument(
         "--num-samples",
@@ -105,7 +108,13 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _jobs(args: argparse.Namespace) -> list[Job]:
+    from utils.download import standin_enabled
+
     sampling = sampling_from(args)
+    # stand-in weights never end an answer: a short one unless asked
+    args.short_answers = args.max_new_tokens is None and standin_enabled()
+    if args.max_new_tokens is None:
+        args.max_new_tokens = STANDIN_TOKENS if args.short_answers else ANSWER_TOKENS
     defaults = {"max_new_tokens": args.max_new_tokens, "num_samples": args.num_samples,
                 "temperature": sampling.temperature, "top_k": sampling.top_k,
                 "top_p": sampling.top_p, "seed": args.seed}  # fmt: skip
@@ -171,6 +180,12 @@ def _run(argv: Sequence[str] | None) -> int:
         if not todo:
             _log.info("every answer is already in %s", args.out)
             return 0
+        if args.short_answers:
+            _log.warning(
+                "stand-in weights never end an answer: each stops after "
+                "%d tokens where its line does not say",
+                STANDIN_TOKENS,
+            )
         _set_threads(args.threads)
         run = load(args, "reasoning" if args.chat else "base", **_chat_kwargs(args))
         ids = _encoded(run, todo)
