@@ -15,6 +15,7 @@ import torch
 
 import utils.benchmark.bandwidth
 import utils.fast
+from tests.ctrl_c import ctrl_c_while_torch_imports
 from tests.tiny import benchmark_inputs, tiny_run
 from utils.benchmark import modes as benchmark_modes
 from utils.benchmark import report as benchmark_report
@@ -910,6 +911,21 @@ def test_sigint_in_a_real_process_prints_the_finished_modes(tmp_path):
     assert [d["mode"] for d in json.loads((tmp_path / "r.json").read_text())] == [
         "kv_cache"
     ]
+
+
+@pytest.mark.slow  # a subprocess that imports torch
+def test_sigint_while_torch_is_imported_ends_with_one_line():
+    """`python -m utils.benchmark` imports its package before its
+    `__main__`: Ctrl-C in those first seconds ends it as later on (a run
+    that missed it would stop at its bad argument, status 2)."""
+    rc, out, err = ctrl_c_while_torch_imports(
+        "utils.benchmark", "--max-new-tokens", "1"
+    )
+    assert rc == 130, err
+    assert (
+        out == ""
+        and err.split() == "READY python -m utils.benchmark: interrupted".split()
+    )
 
 
 def test_the_default_output_fits_80_columns_and_verbose_adds_the_rest(

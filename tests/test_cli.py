@@ -22,6 +22,7 @@ from tests._view_fixtures import (
     tiny_model,
     unknown_id_model,
 )
+from tests.ctrl_c import ctrl_c_while_torch_imports
 from utils.cli import commands as cli
 from utils.fast import FastQwen3
 from utils.fast import generate as fast_generate
@@ -365,7 +366,9 @@ def test_chat_context_length_is_enforced(tiny_cli, monkeypatch, capsys):
         "50",
     )
     assert rc == 0 and "Traceback" not in err
-    assert "context length reached" in err  # first answer cut at 40 tokens
+    # the first answer is cut so that it and its closing tokens fill the 40
+    cut = re.findall(r"conversation (\d+)/40 tokens; context length reached", err)
+    assert cut == ["40"]
     assert "over the context length of 40; type /clear" in err
     # The message that did not fit is not in the history
     assert "[history: 2 messages" in out
@@ -397,6 +400,114 @@ def test_chat_ctrl_c_stops_the_answer_not_the_program(tiny, monkeypatch, capsys)
     assert "answer 2 tokens" in err and "stopped" in err
     assert "answer 5 tokens" in err  # the next answer runs normally
     assert "[history: 4 messages" in out
+
+
+@pytest.fixture
+def ctrl_c():
+    """SIGINT raises KeyboardInterrupt in this process, as in a reader's
+    shell (a run started in the background ignores it), then as it was."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_held_is_raised_after_the_block_even_if_swallowed_in_it(ctrl_c):
+    import signal
+    import time
+
+    from utils.errors import ctrl_c_held
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            try:  # as torch's C++ half may: an interrupt inside is lost
+                time.sleep(0.05)
+            except KeyboardInterrupt:
+                done.append("swallowed")
+            done.append("finished")
+    assert done == ["finished"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with ctrl_c_held():  # nothing heard: nothing raised
+        done.append("quiet")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ignored stays ignored
+    with ctrl_c_held():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_chat_fast_ctrl_c_inside_the_first_build_answers_the_next_message(
+    tiny, monkeypatch, capsys, ctrl_c
+):
+    """--fast hands the book model's weights to the fast model as it builds
+    it (int8: each bf16 matrix freed once quantized); a real SIGINT there
+    stops that answer, and the next one runs on the model that was built."""
+    import signal
+
+    from utils.fast import quantize
+
+    tok, _, tok_path = tiny
+    model = tiny_model()  # its own: the build empties it
+    real = quantize.quantize_int8
+
+    def interrupted(*args, **kwargs):  # Ctrl-C once the book model is emptied
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(quantize, "quantize_int8", interrupted)
+
+    def fast_load(args, kind, **kw):
+        streamer = GreedyStreamer(model, int8=args.int8, adopt=args.fast)
+        return cli.Loaded(tok, model, torch.device("cpu"), streamer, True)
+
+    monkeypatch.setattr(cli, "load", fast_load)
+    rc, out, err = chat_in_process(
+        monkeypatch, capsys, "one\ntwo\n", "--fast", "--int8", "--max-new-tokens", "3"
+    )
+    assert rc == 0, err
+    assert "[stopped]" in err and "error" not in err
+    assert err.count("answer 3 tokens") == 1  # the second message's
+    assert out.count("Assistant: ") == 2
+
+
+@pytest.mark.slow  # subprocesses that import torch
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_sigint_while_torch_is_imported_ends_with_one_line(command):
+    """Ctrl-C in the first seconds, while torch is imported: one line and
+    130 (a run that missed it would stop at its bad device, status 2)."""
+    args = ["--prompt", "hi"] if command == "generate" else []
+    rc, out, err = ctrl_c_while_torch_imports(
+        "utils.cli", command, *args, "--device", "tpu9"
+    )
+    assert rc == 130, err
+    assert err.split() == f"READY qwen3-{command}: interrupted".split()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_an_answer_stdout_cannot_take_is_one_line(
+    tiny_cli, monkeypatch, capsys, command
+):
+    """`> /dev/full` (a full disk): one line naming standard output and the
+    fix, status 2; the chat ends instead of answering into it."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO("one\ntwo\n"))
+    with open("/dev/full", "w", encoding="utf-8") as full:
+        monkeypatch.setattr(sys, "stdout", full)
+        if command == "generate":
+            rc = cli.generate_main(["--prompt", "hi", "--max-new-tokens", "3"])
+        else:
+            rc = cli.chat_main(["--device", "cpu", "--max-new-tokens", "3"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("qwen3-")]
+    assert rc == 2 and "Traceback" not in err
+    assert lines == [
+        f"qwen3-{command}: error: could not write the answer to standard output "
+        "(/dev/full: No space left on device): send it to a file you can write, "
+        "on a disk with free space (> answer.txt), or to the terminal"
+    ]
 
 
 def test_chat_commands(tiny_cli, monkeypatch, capsys):

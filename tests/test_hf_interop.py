@@ -626,7 +626,7 @@ def test_import_that_fails_midway_leaves_the_old_files(tmp_path, monkeypatch):
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
     def broken_save(obj, f):
-        Path(f).write_bytes(b"partial")
+        f.write(b"partial")
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", broken_save)
@@ -689,6 +689,143 @@ def test_import_tying_problem_is_said_in_command_terms(tmp_path, capsys):
     out.parent.mkdir()
     _import_fails_with_one_line(capsys, src, out, "download it again")
     assert "tie_word_embeddings=True" not in capsys.readouterr().err
+
+
+def _command_line(capsys, *args: str, env: dict[str, str] | None = None) -> str:
+    """The one line of a failing import-qwen3 command (status 2)."""
+    capsys.readouterr()  # what writing the source folder printed
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in (env or {}).items():
+            patch.setenv(name, value)
+        rc = hf_interop.main(["import-qwen3", *args])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("python -m utils.hf_interop: error: ")
+    return lines[0].removeprefix("python -m utils.hf_interop: error: ")
+
+
+STORE_FIX = (
+    "set QWEN3_MODEL_STORE to a folder of your own on a disk you can write to, "
+    "or use --out-dir DIR instead of --store."
+)
+OUT_FIX = "choose, with --out-dir, a folder of your own on a disk you can write to."
+
+
+@pytest.mark.skipif(
+    os.name != "posix" or os.geteuid() != 0, reason="needs root (another user)"
+)
+def test_import_into_a_store_another_user_could_change_is_refused(tmp_path, capsys):
+    """The rule of every folder files are kept in for later: nothing is
+    written under another user's 0777 folder, before the source is read."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chown(shared, 65534, 65534)
+    shared.chmod(0o777)
+    store = shared / "models"
+    src = official_folder(tmp_path / "src")
+    line = _command_line(capsys, str(src), "--kind", "base", "--store",
+                         env={"QWEN3_MODEL_STORE": str(store)})  # fmt: skip
+    assert line == (
+        f"the model store {store} cannot be trusted ({shared} belongs to another "
+        "user (uid 65534), so another user could replace the files there); "
+        f"{STORE_FIX}"
+    )
+    assert list(shared.iterdir()) == []
+
+
+def test_import_into_a_store_that_is_a_file_names_the_store(tmp_path, capsys):
+    store = tmp_path / "models"
+    store.write_text("a file")
+    src = official_folder(tmp_path / "src")
+    line = _command_line(capsys, str(src), "--kind", "base", "--store",
+                         env={"QWEN3_MODEL_STORE": str(store)})  # fmt: skip
+    assert line == f"the model store {store} is a file, not a folder; " + STORE_FIX
+
+
+def test_import_into_a_read_only_disk_names_the_folder(tmp_path, capsys, tmpfs):
+    disk = tmpfs("64k", "ro")
+    src = official_folder(tmp_path / "src")
+    for args, where, fix in (
+        (["--store"], f"the model store {disk / 'models'}", STORE_FIX),
+        (["--out-dir", str(disk)], f"--out-dir {disk}", OUT_FIX),
+    ):
+        env = {"QWEN3_MODEL_STORE": str(disk / "models")}
+        line = _command_line(capsys, str(src), "--kind", "base", *args, env=env)
+        assert line == f"cannot write into {where} (read-only file system); {fix}"
+
+
+def test_import_into_a_folder_the_user_cannot_write_names_it(
+    tmp_path, capsys, monkeypatch
+):
+    """Not the temporary folder the refusal came from."""
+    import errno
+    import tempfile
+
+    def refused(dir, prefix):
+        name = f"{dir}/{prefix}v4zdc7n8"
+        raise PermissionError(errno.EACCES, "Permission denied", name)
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", refused)
+    out = tmp_path / "theirs"
+    out.mkdir()
+    src = official_folder(tmp_path / "src")
+    line = _command_line(capsys, str(src), "--kind", "base", "--out-dir", str(out))
+    assert line == f"cannot write into --out-dir {out} (permission denied); " + OUT_FIX
+
+
+def test_import_onto_a_full_disk_names_the_folder_and_leaves_nothing(
+    tmp_path, tmpfs, monkeypatch
+):
+    from utils.download import provenance
+
+    monkeypatch.setattr(provenance, "MODEL_CONFIG", TINY)
+    disk = tmpfs("64k")  # the tiny weights are ~4 MB
+    src = official_folder(tmp_path / "src")
+    with pytest.raises(hf_interop.DestinationError) as err:
+        hf_interop.import_qwen3(src, "base", disk / "qwen3", require_06b=False)
+    assert err.value.problem == (
+        f"cannot write into {disk / 'qwen3'} (no space left on the disk)"
+    )
+    assert list(disk.iterdir()) == []
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_import_of_weights_that_do_not_fit_their_config_names_the_folder(
+    tmp_path, capsys, tied
+):
+    """Tiny tensors beside Qwen3-0.6B's config.json: the shapes are the
+    problem, whatever the config says about tying."""
+    src = official_folder(tmp_path / "src")
+    config = {**QWEN3_06B_CONFIG_JSON, "eos_token_id": 151643}
+    config["tie_word_embeddings"] = tied
+    (src / "config.json").write_text(json.dumps(config))
+    line = _command_line(capsys, str(src), "--kind", "base")
+    assert line.startswith(
+        f"the weights in {src} do not fit its config.json (tok_emb.weight has "
+        f"shape ({TINY['vocab_size']}, {TINY['emb_dim']}), expected (151936, 1024)"
+    )
+    assert line.endswith(
+        "they are another model's; download the folder again, from "
+        "Qwen/Qwen3-0.6B-Base or Qwen/Qwen3-0.6B."
+    )
+
+
+def test_import_of_a_book_pth_file_says_it_needs_no_conversion(tmp_path, capsys):
+    pth = tmp_path / "qwen3-0.6B-base.pth"
+    pth.write_bytes(b"weights")
+    official = (
+        "give the folder of an official Qwen3 download (config.json, "
+        "tokenizer.json and the *.safetensors files)."
+    )
+    line = _command_line(capsys, str(pth), "--kind", "base")
+    assert line == (
+        f"{pth} is a .pth file, the book's own format: it needs no conversion "
+        f"(the commands take it with --model-file); {official}"
+    )
+    missing = tmp_path / "Qwen3-0.6B-Base"
+    line = _command_line(capsys, str(missing), "--kind", "base")
+    assert line == f"{missing} does not exist; {official}"
 
 
 def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:

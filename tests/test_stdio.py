@@ -98,6 +98,85 @@ def test_a_redirected_file_is_checked_whole_and_left_where_it_was(
     check_input_file(None)
 
 
+WIDE = ["utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be"]
+
+
+@pytest.mark.parametrize("encoding", WIDE)
+@pytest.mark.parametrize("how", ["file", "pipe"])
+def test_utf16_and_utf32_with_a_byte_order_mark_are_read_as_such(
+    tmp_path, monkeypatch, encoding, how
+):
+    """Notepad's "Unicode" (UTF-16 LE with its BOM) and the other wide
+    encodings with theirs, whatever PYTHONIOENCODING says."""
+    monkeypatch.setenv("PYTHONIOENCODING", "cp1252")
+    data = "\ufeff你好\r\nsecond line\n".encode(encoding)
+    path = tmp_path / "messages.txt"
+    path.write_bytes(data)
+    if how == "pipe":
+        read, write = os.pipe()
+        os.write(write, data)
+        os.close(write)
+        raw = os.fdopen(read, "rb")
+    else:
+        raw = path.open("rb")
+    with raw, io.TextIOWrapper(raw) as stdin:
+        lines = stdio.InputLines(stdin)
+        assert [lines.readline() for _ in range(3)] == ["你好", "second line", None]
+
+
+def test_a_wide_file_that_is_damaged_says_so_and_to_save_it_as_utf8(tmp_path):
+    path = tmp_path / "messages.txt"
+    path.write_bytes("\ufeffHello\n".encode("utf-16-le") + b"\x00\xdc")  # lone half
+    with path.open("rb") as raw, io.TextIOWrapper(raw) as stdin:
+        with pytest.raises(InputEncodingError) as info:
+            stdio.InputLines(stdin).readline()
+    assert str(info.value) == (
+        "standard input starts with the byte-order mark of UTF-16 but is not "
+        "UTF-16 text (byte 0x00 at byte 14); save it again as UTF-8."
+    )
+
+
+def test_another_encoding_is_advised_only_where_the_bytes_read_as_text(
+    tmp_path, monkeypatch
+):
+    """cp1252 decodes almost any bytes: random ones are not sent to it."""
+    monkeypatch.delenv("PYTHONIOENCODING", raising=False)
+    monkeypatch.setattr(stdio.locale, "getpreferredencoding", lambda _: "UTF-8")
+    # every byte value cp1252 decodes, as in a binary file
+    noise = bytes(b for b in range(256) if b not in b"\x81\x8d\x8f\x90\x9d") * 4
+    path = tmp_path / "noise.bin"
+    path.write_bytes(noise)
+    for check in (lambda: decode_input(noise), lambda: _check_file(path)):
+        with pytest.raises(InputEncodingError) as info:
+            check()
+        assert "PYTHONIOENCODING" not in str(info.value)
+        assert str(info.value).endswith(
+            "nor text in gbk or cp1252; give it a text file saved as UTF-8."
+        )
+    # the advice reads every byte checked, not only the first bad line's
+    path.write_bytes(GBK_HELLO + b"\ncaf\xe9\n")  # GBK reads line 1 only
+    with pytest.raises(InputEncodingError) as info:
+        _check_file(path)
+    advised = str(info.value).rpartition("PYTHONIOENCODING=")[2].rstrip(".")
+    path.read_bytes().decode(advised)
+
+
+def _check_file(path: Path) -> None:
+    with path.open("rb") as f:
+        check_input_file(f)
+
+
+def test_chat_answers_a_notepad_unicode_file(tiny_cli, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "messages.txt"
+    path.write_bytes("\ufeff你好\r\n/history\r\n".encode("utf-16-le"))
+    with path.open("rb") as raw, io.TextIOWrapper(raw) as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        rc = cli.chat_main(["--device", "cpu", "--max-new-tokens", "2"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert out.count("Assistant: ") == 1 and "user: 你好\n" in out
+
+
 def test_a_typed_line_the_terminal_cannot_read_is_skipped(
     tiny_cli, monkeypatch, capsys
 ):

@@ -7,19 +7,24 @@ errors as ``prog: error: ... (see --help)`` (an unknown option first, with
 the nearest known one), `run_command` turns a `UsageError` into
 ``prog: error: ...`` with exit status 2 and any other failure into the same
 shape with status 1. A reader of the output who stops early (``| head``)
-ends the command quietly, as a Unix tool does.
+ends the command quietly, as a Unix tool does; an output the disk refuses
+is one line (`write_stdout`). Ctrl-C is status 130 after one line;
+`ctrl_c_held` keeps it from landing inside work that must not stop half-way.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import inspect
 import os
 import re
 import select
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 STANDIN_HELP = (
@@ -37,6 +42,12 @@ _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # as argparse reads one
 class UsageError(Exception):
     """A problem the user can fix (bad option, missing or damaged file,
     failed download); printed as one line, exit status 2."""
+
+
+class OutputError(UsageError):
+    """Standard output refused the command's output (a full disk, a
+    read-only file): one line naming where it goes, exit status 2; stdout
+    is then silenced, so the interpreter's last flush adds nothing."""
 
 
 def first_line(
@@ -158,6 +169,59 @@ class CommandParser(argparse.ArgumentParser):
         )
 
 
+@contextlib.contextmanager
+def ctrl_c_held() -> Iterator[None]:
+    """Hold Ctrl-C while the block runs; raise its KeyboardInterrupt once
+    the block is done. For work that must not stop half-way (a build that
+    empties the model it reads, which is kept only once whole) and for
+    torch's import, whose C++ half may abort the process or swallow an
+    interrupt raised inside it. Off the main thread, or where SIGINT is not
+    Python's default handler (ignored, or someone else's), it changes
+    nothing."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    heard: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, _frame: heard.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if heard:
+        raise KeyboardInterrupt
+
+
+def write_stdout(text: str) -> None:
+    """A command's answer text to stdout, now. A refusal other than a
+    reader gone (a full disk, a read-only file) is an `OutputError` naming
+    where stdout goes, not an OSError with a temporary name."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise OutputError(
+            f"could not write the answer to standard output ({_stdout_file()}{why}): "
+            "send it to a file you can write, on a disk with free space "
+            "(> answer.txt), or to the terminal"
+        ) from None
+
+
+def _stdout_file() -> str:
+    """The file stdout goes to and ": " where Linux tells (/proc), else
+    nothing."""
+    try:
+        target = os.readlink(f"/proc/self/fd/{sys.stdout.fileno()}")
+    except (AttributeError, OSError, ValueError):
+        return ""
+    return f"{target}: " if target.startswith("/") else ""
+
+
 def _stdout_reader_gone() -> bool:
     """Whether the BrokenPipeError came from stdout: its pipe has no reader
     left (poll says POLLERR on Linux, POLLHUP on the BSDs and macOS). True
@@ -191,6 +255,8 @@ def run_command(prog: str, body: Callable[[], int]) -> int:
         return body()
     except UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
+        if isinstance(exc, OutputError):
+            _silence_stdout()
         return 2
     except KeyboardInterrupt:
         print(f"\n{prog}: interrupted", file=sys.stderr)

@@ -20,6 +20,7 @@ with no text; it is written visibly as ``<unk:151771>`` and generation goes on.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from utils.errors import ctrl_c_held
 from utils.token_view import TokenBytes, unknown_piece
 
 if TYPE_CHECKING:
@@ -137,7 +139,9 @@ class GreedyStreamer:
     `utils.compile.book_compile` (minutes once on a CPU), each fast path has
     its own fast model. `adopt=True` hands the book model's weights to the
     first model built (the command line's `--fast`: int8 can then free each
-    bf16 matrix as it quantizes); `model` then names that model.
+    bf16 matrix as it quantizes); `model` then names that model. Ctrl-C
+    during that build is held until the new model is whole and kept, then
+    stops the answer: the next one has a model to run.
     """
 
     def __init__(
@@ -151,10 +155,14 @@ class GreedyStreamer:
     def _model_for(self, path: Any) -> Any:
         if path.build not in self._built:
             adopt = self.adopt and not self._built
-            built = path.build(self.model, adopt=adopt)
-            self._built[path.build] = built
-            if adopt:
-                self.model = built
+            # An adopting build empties the book model as it goes: Ctrl-C
+            # waits until the new model is whole and kept (a second or two),
+            # so the next answer has a model to run
+            with ctrl_c_held() if adopt else contextlib.nullcontext():
+                built = path.build(self.model, adopt=adopt)
+                self._built[path.build] = built
+                if adopt:
+                    self.model = built
         return self._built[path.build]
 
     def built_for(self, name: str) -> Any:

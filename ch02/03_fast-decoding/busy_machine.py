@@ -17,6 +17,12 @@ setting's speed as a share of the fastest fixed count's: 1.00 means the
 default did as well as the best `--threads` the reader could have picked
 for that moment. `--code PATH` adds rows measured with another checkout
 of this repository (e.g. an older version), in the same rounds.
+
+`--nice N` runs the timing at niceness N and `--busy-nice M` the busy
+processes at M (added to the script's own): `--busy 1 --busy-nice 10
+--nice 19` is a starved process, a program the OS gives only what a
+busier one leaves, as a download or a build in the background does to a
+reader who lowered the model's priority.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ PROMPT = [8, 5, 1, 13, 21, 3, 34, 2]  # token ids (any do: decode speed)
 BUSY = """
 import os, sys, time
 parent, end = int(sys.argv[1]), time.monotonic() + float(sys.argv[2])
+os.nice(int(sys.argv[3]))
 while os.getppid() == parent and time.monotonic() < end:
     x = 0
     for i in range(200000):
@@ -47,9 +54,11 @@ while os.getppid() == parent and time.monotonic() < end:
 BUSY_BOUND_S = 3 * 3600
 
 
-def start_busy(n: int) -> list[subprocess.Popen]:
-    """n CPU-bound processes, each bounded (see BUSY)."""
-    args = [sys.executable, "-c", BUSY, str(os.getpid()), str(BUSY_BOUND_S)]
+def start_busy(n: int, nice: int = 0) -> list[subprocess.Popen]:
+    """n CPU-bound processes, each bounded (see BUSY), `nice` added to
+    their niceness."""
+    args = [sys.executable, "-c", BUSY, str(os.getpid()), str(BUSY_BOUND_S),
+            str(nice)]  # fmt: skip
     procs: list[subprocess.Popen] = []
     try:
         for _ in range(n):
@@ -176,9 +185,11 @@ def run_worker(code: Path | None, spec: dict[str, Any]) -> dict[str, Any]:
     if code is not None:
         paths = [str(code), *env.get("PYTHONPATH", "").split(os.pathsep)]
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    nice = spec.get("nice", 0)  # set here: an older checkout's worker too
     proc = subprocess.run(
         [sys.executable, str(HERE), "--worker", json.dumps(spec)],
         capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL,
+        preexec_fn=(lambda: os.nice(nice)) if nice else None,
     )  # fmt: skip
     if proc.returncode != 0:
         lines = (proc.stderr or "").strip().splitlines() or ["no output"]
@@ -196,6 +207,7 @@ def measure(
     tokens: int,
     rounds: int,
     prompt_tokens: int = 0,
+    nice: int = 0,
 ) -> dict[str, Results]:
     """{"decode" / "prefill": {(code label, mode): {setting: [tok/s per
     round]}}}; the codes' order and the settings' order change from round
@@ -207,7 +219,7 @@ def measure(
         for label in list(codes)[::-1] if r % 2 else list(codes):
             print(f"round {r + 1}/{rounds}: {label} ...", file=sys.stderr)
             spec = {"modes": modes, "settings": order, "tokens": tokens,
-                    "prompt": prompt}  # fmt: skip
+                    "prompt": prompt, "nice": nice}  # fmt: skip
             for kind, speeds in run_worker(codes[label], spec).items():
                 for mode, got in speeds.items():
                     cell = results[kind].setdefault((label, mode), {})
@@ -259,6 +271,10 @@ def _parser():
         description="Decoding speed with N busy processes of its own running.",
     )
     p.add_argument("--busy", type=int, default=1, help="busy processes to start")
+    p.add_argument("--nice", type=int, default=0,
+                   help="niceness added to the timing process (e.g. 19)")  # fmt: skip
+    p.add_argument("--busy-nice", type=int, default=0,
+                   help="niceness added to the busy processes (e.g. 10)")  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=40, help="tokens per timing")
     p.add_argument("--rounds", type=int, default=2,
                    help="rounds; each cell is the median of its rounds")  # fmt: skip
@@ -279,6 +295,8 @@ def _check(args) -> list[str]:
 
     if not 0 <= args.busy <= 64:
         raise UsageError("--busy must be between 0 and 64")
+    if not (0 <= args.nice <= 19 and 0 <= args.busy_nice <= 19):
+        raise UsageError("--nice and --busy-nice must be between 0 and 19")
     if args.max_new_tokens < 2 or args.rounds < 1:
         raise UsageError("--max-new-tokens must be at least 2 and --rounds at least 1")
     if not 0 <= args.prompt_tokens <= 4096:
@@ -301,12 +319,14 @@ def _run(args) -> int:
     codes: dict[str, Path | None] = {"this": None}
     codes |= {str(c): c.resolve() for c in args.code or []}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so finally runs
-    busy = start_busy(args.busy)
+    busy = start_busy(args.busy, args.busy_nice)
     try:
         results = measure(codes, modes, settings, args.max_new_tokens,
-                          args.rounds, args.prompt_tokens)  # fmt: skip
+                          args.rounds, args.prompt_tokens, args.nice)  # fmt: skip
     finally:
         stop_busy(busy)
+    if args.nice or args.busy_nice:
+        print(f"timed at nice {args.nice}, busy processes at nice {args.busy_nice}")
     print(table(results["decode"], settings, args.busy))
     if args.prompt_tokens:
         what = f"{args.prompt_tokens}-token prefill"

@@ -398,3 +398,53 @@ def test_cache_on_a_full_disk_names_the_folder_and_the_fix(full_disk):
         "or set QWEN3_KERNEL_CACHE to a folder on another disk"
     )
     assert [p.name for p in cache.iterdir()] == []  # no half-built file left
+
+
+@pytest.mark.skipif(build.find_compiler() is None, reason="no C compiler")
+def test_ctrl_c_during_the_build_leaves_no_half_built_file(tmp_path, monkeypatch):
+    """Ctrl-C while the compilers run: nothing half-made kept in the cache."""
+    cache = tmp_path / "kernels"
+
+    def interrupted(commands):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build, "_run_all", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build.build_and_load(cache)
+    assert library_files(cache) == []
+
+
+CANNOT_WRITE = (
+    "cannot write into the kernel cache {} ({}): set QWEN3_KERNEL_CACHE to a "
+    "folder of your own on a disk you can write to"
+)
+
+
+def build_refusal(cache: Path) -> str:
+    """The one line a build into `cache` fails with."""
+    with pytest.raises(RuntimeError) as err:
+        build.build_and_load(cache)
+    return str(err.value)
+
+
+@needs_root
+@pytest.mark.skipif(build.find_compiler() is None, reason="no C compiler")
+def test_cache_on_a_read_only_disk_names_the_folder_and_the_fix(tmpfs):
+    cache = tmpfs("64k", "ro")
+    assert build_refusal(cache) == CANNOT_WRITE.format(cache, "read-only file system")
+
+
+@pytest.mark.skipif(build.find_compiler() is None, reason="no C compiler")
+def test_cache_the_user_cannot_write_names_the_folder_not_a_temporary_file(
+    tmp_path, monkeypatch
+):
+    import errno
+    import tempfile
+
+    def refused(dir, prefix, suffix):
+        name = f"{dir}/{prefix}x1y2{suffix}"
+        raise PermissionError(errno.EACCES, "Permission denied", name)
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    cache = tmp_path / "kernels"
+    assert build_refusal(cache) == CANNOT_WRITE.format(cache, "permission denied")

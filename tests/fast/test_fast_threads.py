@@ -19,6 +19,7 @@ import torch
 import utils.fast.build as build
 import utils.fast.threads as threads_module
 from tests.tiny import PROMPT, fast_model, tiny_config, tiny_state_dict
+from utils.errors import UsageError
 from utils.fast import decode_one_token, prefill
 from utils.fast.threads import ThreadChoice, pin_step_threads, thread_candidates
 
@@ -216,8 +217,8 @@ def test_busy_processes_are_stopped_on_an_error_and_on_ctrl_c(monkeypatch, capsy
     started = []
     real_start = script.start_busy
 
-    def start(n):
-        started.extend(real_start(n))
+    def start(n, nice=0):
+        started.extend(real_start(n, nice))
         return started
 
     monkeypatch.setattr(script, "start_busy", start)
@@ -233,6 +234,36 @@ def test_busy_processes_are_stopped_on_an_error_and_on_ctrl_c(monkeypatch, capsy
             script._run(args)
         assert len(started) == 2 and all(p.poll() is not None for p in started)
         started.clear()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_busy_processes_and_the_timing_run_at_the_niceness_asked(monkeypatch):
+    """A starved process: `--busy-nice 10 --nice 19`."""
+    script = busy_script()
+    procs = script.start_busy(1, nice=5)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _nice(procs[0].pid) == _nice("self"):
+            time.sleep(0.05)  # until the child has set it
+        assert _nice(procs[0].pid) == min(_nice("self") + 5, 19)
+    finally:
+        script.stop_busy(procs)
+    ran = {}
+
+    def fake_run(args, **kwargs):
+        ran.update(kwargs)
+        return subprocess.CompletedProcess(args, 0, '{"decode": {}}', "")
+
+    monkeypatch.setattr(script.subprocess, "run", fake_run)
+    script.run_worker(None, {"nice": 19})
+    assert ran["preexec_fn"] is not None  # os.nice(19) in the child, any checkout
+    args = script._parser().parse_args(["--nice", "20"])
+    with pytest.raises(UsageError, match="--nice"):
+        script._check(args)
+
+
+def _nice(pid) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
 
 
 BUSY_ORPHAN = """
@@ -310,18 +341,20 @@ def test_prompt_tokens_adds_the_prefills_table(monkeypatch, capsys):
     script = busy_script()
     seen = {}
 
-    def measure(codes, modes, settings, tokens, rounds, prompt_tokens=0):
-        seen["prompt_tokens"] = prompt_tokens
+    def measure(codes, modes, settings, tokens, rounds, prompt_tokens=0, nice=0):
+        seen["prompt_tokens"], seen["nice"] = prompt_tokens, nice
         cell = {("this", "fast_native"): {"default": [10.0], "1": [8.0]}}
         return {"decode": cell, "prefill": cell}
 
     monkeypatch.setattr(script, "measure", measure)
-    monkeypatch.setattr(script, "start_busy", lambda n: [])
+    monkeypatch.setattr(script, "start_busy", lambda n, nice=0: [])
     argv = ["--busy", "0", "--threads", "default,1", "--modes", "fast_native"]
     assert script.main(argv) == 0
     assert "prefill" not in capsys.readouterr().out and seen["prompt_tokens"] == 0
     assert script.main([*argv, "--prompt-tokens", "64"]) == 0
     out = capsys.readouterr().out
     assert seen["prompt_tokens"] == 64 and "64-token prefill tok/s" in out
+    assert script.main([*argv, "--nice", "19"]) == 0 and seen["nice"] == 19
+    assert "timed at nice 19" in capsys.readouterr().out
     assert script.prompt_for(0) == script.PROMPT
     assert script.prompt_for(20) == (script.PROMPT * 3)[:20]

@@ -51,6 +51,7 @@ from typing import Any
 
 import torch
 
+from utils.benchmark import PROG
 from utils.benchmark.batches import (
     BATCH_MODES,
     batch_modes,
@@ -610,9 +611,6 @@ def _checked_prompt(book, token_ids, prompt_tokens, max_new_tokens) -> torch.Ten
         token_ids = synthetic_prompt(token_ids, prompt_tokens)
     check_context(book.cfg["context_length"], token_ids.shape[1], max_new_tokens)
     return token_ids
-
-
-PROG = "python -m utils.benchmark"
 
 
 def build_parser() -> CommandParser:

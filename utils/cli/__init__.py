@@ -2,19 +2,15 @@
 generate|chat`) and `ChatSession`, the conversation behind the chat, in
 `commands`; `qwen3-batch` (`python -m utils.batch`) in `batch`; the options
 they share in `options`. This is the door.
+
+Each name is imported from its module on first use, not here: a command's
+entry point (`utils.cli:generate_main`) imports this package before its
+body runs, and torch's import (seconds) then happens inside the command,
+where Ctrl-C ends it with one line instead of a traceback.
 """
 
-from utils.cli.batch import batch_main, batch_parser
-from utils.cli.commands import (
-    ChatSession,
-    Loaded,
-    chat_main,
-    generate_main,
-    load,
-    main,
-    model_options,
-)
-from utils.cli.options import add_sampling_options, sampling_from
+from importlib import import_module
+from typing import Any
 
 __all__ = [
     "ChatSession",
@@ -29,3 +25,18 @@ __all__ = [
     "model_options",
     "sampling_from",
 ]
+
+_HOMES = {
+    "batch": ("batch_main", "batch_parser"),
+    "commands": ("ChatSession", "Loaded", "chat_main", "generate_main", "load",
+                 "main", "model_options"),
+    "options": ("add_sampling_options", "sampling_from"),
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    """`name` from the module that defines it (imported on this first ask)."""
+    for module, names in _HOMES.items():
+        if name in names:
+            return getattr(import_module(f"utils.cli.{module}"), name)
+    raise AttributeError(f"module 'utils.cli' has no attribute {name!r}")

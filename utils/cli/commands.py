@@ -14,8 +14,10 @@ diagnostics go through the `utils` logger (stderr); the statistics and the
 chat's own lines are the command's output on stderr. Output to a file or a
 pipe is UTF-8 whatever the locale's code page (`utils.stdio`). In the
 chat, a typed line that cannot be read or encoded is reported and skipped;
-the conversation goes on. Input from a file or a pipe that is not UTF-8
-ends the chat with one line naming the byte and the fix.
+the conversation goes on. Input from a file or a pipe is read as UTF-8,
+or as UTF-16 or UTF-32 where it starts with their byte-order mark
+(Notepad's "Unicode"); input that is not text ends the chat with one line
+naming the byte and the fix.
 
     python -m utils.cli generate --prompt "Explain large language models."
     python -m utils.cli chat --think
@@ -34,15 +36,18 @@ from typing import Any, TextIO
 from utils.cli.options import add_sampling_options, sampling_from
 from utils.errors import (
     CommandParser,
+    OutputError,
     UsageError,
+    ctrl_c_held,
     first_line,
     require_streams,
     run_command,
     utf8_text,
+    write_stdout,
 )
 from utils.log import get_logger
 from utils.qwen3_tokenizer import IM_END_ID
-from utils.stdio import InputEncodingError, check_input_file, decode_input, utf8_streams
+from utils.stdio import InputEncodingError, InputLines, utf8_streams
 
 LOG_NAME = "utils.cli"  # not __name__, which is "__main__" under python -m
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -147,6 +152,15 @@ def _say(text: str) -> None:
     """The command's own lines on stderr (statistics, the chat's replies to
     its commands): output for the reader, not diagnostics."""
     print(text, file=sys.stderr, flush=True)
+
+
+def _import_torch() -> None:
+    """Import torch (seconds) with Ctrl-C held until it is done: its C++
+    half may abort the process or swallow an interrupt raised inside it
+    (`utils.errors.ctrl_c_held`); after it, Ctrl-C ends the command with
+    one line, exit status 130."""
+    with ctrl_c_held():
+        import torch  # noqa: F401
 
 
 def _set_threads(threads: int | None) -> None:
@@ -343,6 +357,7 @@ def _generate(argv: Sequence[str] | None) -> int:
     if args.thinking and not args.reasoning:
         raise UsageError("--thinking only applies with --reasoning.")
     kind = "reasoning" if args.reasoning else "base"
+    _import_torch()
     tok_kwargs = {}
     if args.reasoning:
         tok_kwargs = dict(
@@ -362,7 +377,7 @@ def _generate(argv: Sequence[str] | None) -> int:
         return _print_samples(args, run, prompt_ids, sampling)
     picker = None if sampling.greedy else sampling.picker()
     result = _stream_answer(args, run, prompt_ids, picker)
-    _write_stdout("\n")
+    write_stdout("\n")
     if result.interrupted:
         get_logger(LOG_NAME).info("stopped (Ctrl-C): the answer is cut short")
     if result.stats:
@@ -391,7 +406,7 @@ def _stream_answer(
             prompt_ids,
             args.max_new_tokens,
             run.tokenizer.eos_token_id,
-            _write_stdout,
+            write_stdout,
             cache=args.cache,
             compile=args.compile,
             fast=args.fast,
@@ -427,16 +442,11 @@ def _print_samples(args, run: Loaded, prompt_ids: list, sampling: Any) -> int:
             got[event.key].append(event.token)
             continue
         text = decode_bytes(run.tokenizer, got[event.key])
-        _write_stdout(f"--- sample {event.key + 1} ({event.reason}) ---\n{text}\n")
+        write_stdout(f"--- sample {event.key + 1} ({event.reason}) ---\n{text}\n")
     made, seconds = sum(map(len, got.values())), time.perf_counter() - start
     _say(f"\n{args.num_samples} samples, {made} tokens in {seconds:.2f} sec: "
          f"{made / seconds:.1f} tokens/sec in total")  # fmt: skip
     return 0
-
-
-def _write_stdout(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
 
 
 def generate_main(argv: Sequence[str] | None = None) -> int:
@@ -524,8 +534,9 @@ class ChatSession:
 
     def reply(self, user_text: str, write: Callable[[str], Any]) -> dict[str, Any]:
         """Generate the answer to `user_text`, passing text pieces to `write`;
-        returns counts and the time to the first token. Ctrl-C ends the
-        answer early and keeps what was said. Raises UsageError
+        returns counts and the time to the first token. The answer stops
+        where it and the tokens closing its turn fill the context length;
+        Ctrl-C ends it early and keeps what was said. Raises UsageError
         (conversation unchanged) when it cannot fit."""
         from utils.streaming import stream_generation
 
@@ -536,12 +547,13 @@ class ChatSession:
                 f"could not encode that message ({first_line(exc)}); "
                 "it was not sent, type another one."
             ) from None
-        room = self.context_length - len(prompt)
+        closing = [IM_END_ID, *self.encode("\n")]  # what ends the answer's turn
+        room = self.context_length - len(prompt) - len(closing)
         if room < 1:
             raise UsageError(
-                f"the conversation would be {len(prompt)} tokens, over the context "
-                f"length of {self.context_length}; type /clear to start over "
-                "(or send a shorter message)."
+                f"the conversation would be {len(prompt) + 1 + len(closing)} tokens, "
+                f"over the context length of {self.context_length}; type /clear "
+                "to start over (or send a shorter message)."
             )
         budget = min(self.max_new_tokens, room)
         try:
@@ -569,7 +581,7 @@ class ChatSession:
         # The tokenizer's own decode (it drops ids it does not know)
         text = self.tokenizer.decode(content)
         self.messages += [("user", user_text), ("assistant", text)]
-        self.ids = prompt + content + [IM_END_ID, *self.encode("\n")]
+        self.ids = prompt + content + closing
         # room for a next turn of up to 256 tokens and its answer
         self.kept.reserve(len(self.ids) + 256 + self.max_new_tokens)
         return {
@@ -586,8 +598,10 @@ def chat_parser() -> argparse.ArgumentParser:
     p = CommandParser(
         prog="qwen3-chat",
         description="Chat with the Qwen3 0.6B reasoning model. Reads one message "
-        "per line from stdin. Commands: /think, /no_think, /clear, /history, "
-        "/help, /quit (or end of input). Ctrl-C stops the current answer.",
+        "per line from stdin (a file or a pipe: UTF-8, or UTF-16/UTF-32 with a "
+        "byte-order mark, as Notepad's 'Unicode'). Commands: /think, /no_think, "
+        "/clear, /history, /help, /quit (or end of input). Ctrl-C stops the "
+        "current answer.",
     )
     _add_common(p, default_tokens=1024)
     add_sampling_options(p)
@@ -601,7 +615,8 @@ def chat_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--context-length",
         type=_positive_int,
-        help="most tokens the conversation may hold (none: the model's)",
+        help="most tokens the conversation may hold (none: the model's); an "
+        "answer stops where it and the tokens that close its turn fill them",
     )
     return p
 
@@ -617,28 +632,22 @@ class BadLine(Exception):
     """A line of input that could not be read as text."""
 
 
-def _read_line(stdin: TextIO, prompt: str) -> str | None:
-    """One line from stdin (None at end of input); prompts only on a tty.
-    On a tty, raises BadLine for bytes the terminal's encoding cannot read
-    (the reader types the line again). A file or pipe is read as UTF-8 (or
-    PYTHONIOENCODING's encoding; `utils.stdio`): one that is not text ends
-    the chat with one `UsageError` line, a file before its first answer."""
-    if stdin.isatty():
+def _read_line(lines: InputLines, prompt: str) -> str | None:
+    """One line of the chat's input (None at its end); prompts only on a
+    tty. On a tty, raises BadLine for bytes the terminal's encoding cannot
+    read (the reader types the line again). A file or pipe is read as
+    UTF-8, UTF-16 or UTF-32 with a byte-order mark, or PYTHONIOENCODING's
+    encoding (`utils.stdio.InputLines`): one that is not text ends the chat
+    with one `UsageError` line, a file before its first answer."""
+    if lines.stream.isatty():
         try:
             return input(prompt)
         except EOFError:
             return None
         except UnicodeDecodeError as exc:
             raise BadLine(_bad_bytes(exc)) from None
-    raw = getattr(stdin, "buffer", None)
-    if raw is None:  # a text-only stream (tests): already decoded
-        line = stdin.readline()
-        return None if line == "" else line.rstrip("\r\n")
     try:
-        if raw.seekable() and raw.tell() == 0:
-            check_input_file(raw)  # all of a redirected file, before answering
-        data = raw.readline()
-        return None if data == b"" else decode_input(data).rstrip("\r\n")
+        return lines.readline()
     except InputEncodingError as exc:
         raise UsageError(str(exc)) from None
 
@@ -666,7 +675,9 @@ def _show_history(session: ChatSession, out: TextIO) -> None:
 
 def _chat(argv: Sequence[str] | None) -> int:
     require_streams("stdin", "stdout")
+    lines = InputLines(sys.stdin)
     args = chat_parser().parse_args(argv)
+    _import_torch()
     sampling = sampling_from(args)
     _set_threads(args.threads)
     run = load(args, "reasoning")
@@ -693,7 +704,7 @@ def _chat(argv: Sequence[str] | None) -> int:
     _say(CHAT_HELP)
     while True:
         try:
-            line = _read_line(sys.stdin, "You: ")
+            line = _read_line(lines, "You: ")
         except KeyboardInterrupt:
             _say("\n(Ctrl-D or /quit leaves)")
             continue
@@ -730,18 +741,20 @@ def _chat_line(session: ChatSession, message: str) -> bool:
 
 def _answer(session: ChatSession, message: str) -> None:
     """The assistant's answer on stdout, its statistics on stderr."""
-    _write_stdout("Assistant: ")
+    write_stdout("Assistant: ")
     try:
-        info = session.reply(message, _write_stdout)
+        info = session.reply(message, write_stdout)
+    except OutputError:
+        raise
     except UsageError as exc:
-        _write_stdout("\n")
+        write_stdout("\n")
         _say(f"qwen3-chat: {exc}")
         return
     except KeyboardInterrupt:
-        _write_stdout("\n")
+        write_stdout("\n")
         _say("[stopped]")
         return
-    _write_stdout("\n")
+    write_stdout("\n")
     note = f"; {info['stopped']}" if info["stopped"] else ""
     _say(
         f"[prompt {info['prompt_tokens']} tokens, answer "

@@ -7,9 +7,12 @@ commands sample as the book's later chapter does (`utils.sampling`).
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from utils.errors import UsageError
-from utils.sampling import Sampling, sampling_problem
+
+if TYPE_CHECKING:  # utils.sampling imports torch: only when a command runs
+    from utils.sampling import Sampling
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -34,6 +37,8 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
 
 def sampling_from(args: argparse.Namespace) -> Sampling:
     """The options as a `Sampling`; one UsageError line for bad values."""
+    from utils.sampling import Sampling, sampling_problem
+
     problem = sampling_problem(args.temperature, args.top_k, args.top_p)
     if problem:
         raise UsageError(problem.replace("top-k", "--top-k").replace("top-p", "--top-p")

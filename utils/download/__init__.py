@@ -9,6 +9,7 @@ Face, then the book's mirror, with resume), `watch` (every wait bounded),
 stand-in markers) and `standin` (offline stand-ins).
 """
 
+from utils.download.errors import disk_reason
 from utils.download.fetch import (
     DownloadError,
     Qwen3Files,
@@ -33,7 +34,7 @@ from utils.download.store import store_dir
 
 __all__ = [
     "DownloadError", "IntegrityError", "Qwen3Files", "check_content", "check_tokenizer",
-    "download_qwen3_small", "file_names", "hash_file", "local_files", "model_config",
-    "print_standin_banner", "read_record", "record_path", "sidecar_path",
-    "standin_enabled", "standin_files_dir", "store_dir", "write_record",
+    "disk_reason", "download_qwen3_small", "file_names", "hash_file", "local_files",
+    "model_config", "print_standin_banner", "read_record", "record_path",
+    "sidecar_path", "standin_enabled", "standin_files_dir", "store_dir", "write_record",
 ]  # fmt: skip

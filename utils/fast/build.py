@@ -22,7 +22,6 @@ with another ABI number is rebuilt. A caller may add sources and defines
 from __future__ import annotations
 
 import ctypes
-import errno
 import functools
 import hashlib
 import os
@@ -38,7 +37,7 @@ from pathlib import Path
 import torch
 
 from utils import linksafe, settings
-from utils.download import hash_file, read_record, write_record
+from utils.download import disk_reason, hash_file, read_record, write_record
 from utils.errors import first_line
 from utils.log import get_logger
 
@@ -204,18 +203,24 @@ def prepare_cache(cache_dir: Path) -> None:
         raise RuntimeError(f"the kernel cache {cache_dir} is not safe: {reason}; {fix}")
 
 
-def _no_space(cache_dir: Path, exc: BaseException) -> RuntimeError | None:
-    """The one-line error for a build that failed on a full disk (the
-    compiler's or assembler's own line names a temporary file instead)."""
+def _disk_refused(cache_dir: Path, exc: BaseException) -> RuntimeError | None:
+    """The one-line error for a build the disk refused: full, read-only or
+    not writable (the compiler's or assembler's own line, or the OSError,
+    names a temporary file instead)."""
     text = f"{exc} {getattr(exc, 'output', '')}"
-    full = getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or (
-        "No space left" in text or "Disk quota" in text
-    )
-    if not full:
+    reason = disk_reason(exc)
+    if reason is None and ("No space left" in text or "Disk quota" in text):
+        reason = "no space left on the disk"
+    if reason in ("no space left on the disk", "disk quota exceeded"):
+        return RuntimeError(
+            f"no space left in the kernel cache {cache_dir}: free some space "
+            "there, or set QWEN3_KERNEL_CACHE to a folder on another disk"
+        )
+    if reason is None:
         return None
     return RuntimeError(
-        f"no space left in the kernel cache {cache_dir}: free some space there, "
-        "or set QWEN3_KERNEL_CACHE to a folder on another disk"
+        f"cannot write into the kernel cache {cache_dir} ({reason}): set "
+        "QWEN3_KERNEL_CACHE to a folder of your own on a disk you can write to"
     )
 
 
@@ -292,7 +297,7 @@ def _compile(compiler: str, flags: list[str], cache_dir: Path, extra: Extra) -> 
     try:
         fd, out = tempfile.mkstemp(dir=cache_dir, prefix=".build-", suffix=".so")
     except OSError as exc:
-        raise _no_space(cache_dir, exc) or exc from None
+        raise _disk_refused(cache_dir, exc) or exc from None
     os.close(fd)
     try:
         with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".objects-") as objs:
@@ -304,9 +309,11 @@ def _compile(compiler: str, flags: list[str], cache_dir: Path, extra: Extra) -> 
             ]
             _run_all(commands)
             _run_all([[compiler, *flags, *objects, "-o", out]])
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+    except BaseException as exc:  # Ctrl-C too: no half-built file is kept
         Path(out).unlink(missing_ok=True)
-        raise _no_space(cache_dir, exc) or exc from None
+        if isinstance(exc, OSError | RuntimeError | subprocess.SubprocessError):
+            raise _disk_refused(cache_dir, exc) or exc from None
+        raise
     os.chmod(out, 0o755)  # the linker applies the umask (maybe group-writable)
     return Path(out)
 

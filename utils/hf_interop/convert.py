@@ -30,9 +30,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from utils import linksafe
 from utils.errors import CommandParser, UsageError, first_line, run_command
 from utils.fileio import atomic_folder, atomic_move, refuse_link
 from utils.hf_interop.mapping import (
+    _HF_IGNORED_SUFFIXES,
     TyingError,
     book_config_from_hf,
     book_key_to_hf,
@@ -136,10 +138,7 @@ def _find_weight_files(path: Path) -> tuple[Path, list[Path]]:
                 f"The book's .pth files load directly with torch.load."
             )
     else:
-        raise FileNotFoundError(
-            f"{path} does not exist or is not a folder / .safetensors / "
-            f"index.json file."
-        )
+        raise FileNotFoundError(_not_a_checkpoint(path))
     weight_map = _read_json_object(index).get("weight_map")
     if not isinstance(weight_map, dict):
         raise ValueError(f"{index} has no weight_map; download it again.")
@@ -151,6 +150,22 @@ def _find_weight_files(path: Path) -> tuple[Path, list[Path]]:
             f"download is incomplete, fetch them again."
         )
     return folder, files
+
+
+def _not_a_checkpoint(path: Path) -> str:
+    """What to do with a `path` that is no folder, .safetensors or index."""
+    wanted = (
+        "give the folder of an official Qwen3 download (config.json, "
+        "tokenizer.json and the *.safetensors files)"
+    )
+    if path.suffix == ".pth" and path.is_file():
+        return (
+            f"{path} is a .pth file, the book's own format: it needs no "
+            f"conversion (the commands take it with --model-file); {wanted}."
+        )
+    if not path.exists():
+        return f"{path} does not exist; {wanted}."
+    return f"{path} is not a folder, .safetensors or .index.json file; {wanted}."
 
 
 def load_hf_checkpoint(
@@ -432,6 +447,16 @@ def _check_weights(sd: Mapping[str, torch.Tensor], folder: Path) -> None:
         )
 
 
+class DestinationError(OSError):
+    """The folder the book's files were to go to cannot take them;
+    `problem` names it and says why (a file, another user's, read-only,
+    full), before any of the official folder is read where it can."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(f"{problem}; choose a folder of your own (out_dir)")
+        self.problem = problem
+
+
 def import_qwen3(
     src: str | os.PathLike,
     kind: str,
@@ -439,6 +464,7 @@ def import_qwen3(
     *,
     require_06b: bool = True,
     tokenizer_only: bool = False,
+    where: str | None = None,
 ) -> Qwen3Files:
     """Turn an official Qwen3 folder into the book's verified files.
 
@@ -449,44 +475,90 @@ def import_qwen3(
     notebooks use them without a download. `tokenizer_only`: `src` needs
     only config.json (which model the tokenizer is of) and tokenizer.json, a
     few MB, and only `tokenizer-<kind>.json` is written (notebook 01 reads
-    the reasoning model's tokenizer, never its weights). All or nothing:
-    every input is read and checked before anything is written; the files
-    are written and checked in a temporary folder inside `out_dir`, then
-    moved into place with their records. A failure leaves `out_dir` as it
-    was (not there, if it was not). Returns `utils.download.Qwen3Files`.
+    the reasoning model's tokenizer, never its weights). `out_dir` must be
+    a folder no other user could change (`utils.linksafe.untrusted_reason`,
+    the rule of every folder files are kept in for later) that takes a new
+    file: `DestinationError` otherwise, naming it as `where` says (default:
+    its path), before the official folder is read. All or nothing: every
+    input is read and checked before anything is written; the files are
+    written and checked in a temporary folder inside `out_dir`, then moved
+    into place with their records. A failure leaves `out_dir` as it was
+    (not there, if it was not). Returns `utils.download.Qwen3Files`.
     """
     from utils.download import Qwen3Files, file_names
 
     tok_name, model_name = file_names(kind)
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out-dir {out} is a file, not a folder; name a folder.")
-    if tokenizer_only:
-        folder, sd, names = _read_official_tokenizer(Path(src), kind), None, [tok_name]
-    else:
-        folder, sd = _read_official_folder(Path(src), kind, require_06b)
-        names = [model_name, tok_name]
-    source = f"import-qwen3 from {folder.resolve()}"
-    with _staging(out) as stage:
-        if sd is not None:
-            torch.save(sd, stage / model_name)
-            del sd
-        shutil.copyfile(folder / "tokenizer.json", stage / tok_name)
+    where = where or str(out)
+    with _staging(out, where) as stage:
+        if tokenizer_only:
+            folder, sd = _read_official_tokenizer(Path(src), kind), None
+            names = [tok_name]
+        else:
+            folder, sd = _read_official_folder(Path(src), kind, require_06b)
+            names = [model_name, tok_name]
+        source = f"import-qwen3 from {folder.resolve()}"
+        with _writing(where):
+            if sd is not None:  # into a file of ours: a full disk is an OSError
+                with (stage / model_name).open("wb") as f:
+                    torch.save(sd, f)
+                del sd
+            shutil.copyfile(folder / "tokenizer.json", stage / tok_name)
         records = {name: _staged_record(stage / name, source) for name in names}
-        _put_in_place(stage, out, records)
+        with _writing(where):
+            _put_in_place(stage, out, records)
     model = None if tokenizer_only else out / model_name
     return Qwen3Files(tokenizer=out / tok_name, model=model, standin=False)
 
 
 @contextlib.contextmanager
-def _staging(out: Path) -> Iterator[Path]:
-    """A new temporary folder inside `out` (so each move into place is a
-    rename on `out`'s file system), removed afterwards; on a failure the
-    folders made for it go too, `out` included."""
-    made = [p for p in (out, *out.parents) if not os.path.lexists(p)]
-    out.mkdir(parents=True, exist_ok=True)
+def _writing(where: str) -> Iterator[None]:
+    """Turn the disk's refusal (full, read-only, not writable) of a write
+    into `where` into a `DestinationError` naming it, not a temporary file
+    (torch.save wraps it in a RuntimeError)."""
+    from utils.download import disk_reason
+
     try:
-        with tempfile.TemporaryDirectory(dir=out, prefix=".import-") as stage:
+        yield
+    except (OSError, RuntimeError) as exc:
+        reason = disk_reason(exc)
+        if reason is None or isinstance(exc, DestinationError):
+            raise
+        raise DestinationError(f"cannot write into {where} ({reason})") from None
+
+
+def _check_folder(out: Path, where: str) -> None:
+    """`DestinationError` if `out`, or the nearest part of it that exists,
+    is not a folder."""
+    for path in (out, *out.parents):
+        if os.path.lexists(path):
+            if path.is_dir():
+                return
+            if path == out:
+                raise DestinationError(f"{where} is a file, not a folder")
+            raise DestinationError(f"{path} is a file, so {where} cannot be a folder")
+
+
+@contextlib.contextmanager
+def _staging(out: Path, where: str) -> Iterator[Path]:
+    """A new temporary folder inside `out` (so each move into place is a
+    rename on `out`'s file system), removed afterwards; made once `out` is
+    a folder (made if missing) that no other user could change. On a
+    failure the folders made for it go too, `out` included."""
+    _check_folder(out, where)
+    made = [p for p in (out, *out.parents) if not os.path.lexists(p)]
+    try:
+        with _writing(where):
+            out.mkdir(parents=True, exist_ok=True)
+        reason = linksafe.untrusted_reason(out)  # judged once `out` is there
+        if reason is not None:
+            raise DestinationError(
+                f"{where} cannot be trusted ({reason}, so another user could "
+                "replace the files there)"
+            )
+        with _writing(where):
+            staging = tempfile.TemporaryDirectory(dir=out, prefix=".import-")
+        with staging as stage:
             yield Path(stage)
     except BaseException:
         for folder in made:  # deepest first; only those left empty
@@ -536,6 +608,50 @@ def _put_in_place(stage: Path, out: Path, records: Mapping[str, Any]) -> None:
         raise
 
 
+def _header_shapes(folder: Path) -> dict[str, torch.Tensor] | None:
+    """{book key (or the file's own, if unknown): an empty tensor of its
+    shape} from the safetensors headers, no data read; None where a file
+    cannot be read (its own error comes when it is loaded)."""
+    shapes: dict[str, torch.Tensor] = {}
+    try:
+        for file in _find_weight_files(folder)[1]:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():
+                    shape = f.get_slice(key).get_shape()
+                    try:
+                        name = hf_key_to_book(key)
+                    except ValueError:
+                        name = key
+                    shapes[name] = torch.empty(shape, device="meta")
+    except Exception:  # noqa: BLE001 - damaged: said by the loading
+        return None
+    return shapes
+
+
+def _check_shapes(folder: Path, hf_config: Mapping[str, Any]) -> None:
+    """Refuse weights whose shapes do not fit the folder's own config.json
+    (read from the headers, before any tensor): the two come from different
+    models, whatever else (the tied head) looks wrong too."""
+    from utils.models import shape_problems, summarize_problems
+
+    shapes = _header_shapes(folder)
+    try:
+        cfg = book_config_from_hf(hf_config, torch.bfloat16)
+    except ValueError:
+        return  # said by the loading, naming config.json
+    shapes = {
+        k: v for k, v in (shapes or {}).items() if not k.endswith(_HF_IGNORED_SUFFIXES)
+    }
+    problems = shape_problems(shapes, cfg, tied_head_ok=True) if shapes else []
+    problems.sort(key=lambda problem: "has shape" not in problem)  # most telling
+    if problems:
+        raise ValueError(
+            f"the weights in {folder} do not fit its config.json "
+            f"({summarize_problems(problems)}): they are another model's; "
+            "download the folder again, from Qwen/Qwen3-0.6B-Base or Qwen/Qwen3-0.6B."
+        )
+
+
 def _checked_config(folder: Path, kind: str) -> dict[str, Any]:
     """The folder's config.json, after checking it names `kind`'s model and
     that its tokenizer.json is Qwen3's."""
@@ -568,6 +684,7 @@ def _read_official_folder(
     checking its config, tokenizer and weights; writes nothing."""
     folder, _ = _find_weight_files(src)
     hf_config = _checked_config(folder, kind)
+    _check_shapes(folder, hf_config)
     try:
         sd, cfg = load_hf_checkpoint(folder, dtype=torch.bfloat16)
     except TyingError:
@@ -636,20 +753,33 @@ def build_parser() -> CommandParser:
         "--store", action="store_true", help="put them into the per-user model "
         "store instead (QWEN3_MODEL_STORE, else ~/.cache/qwen3-ch02/models), "
         "where every notebook folder, English and Chinese, and the commands "
-        "find them"
+        "find them; as with --out-dir, a folder another user could change is "
+        "refused before anything is read or written"
     )  # fmt: skip
     return parser
+
+
+_FIXES = {  # what to do about a folder the files cannot go to
+    "--store": "set QWEN3_MODEL_STORE to a folder of your own on a disk you "
+    "can write to, or use --out-dir DIR instead of --store",
+    "--out-dir": "choose, with --out-dir, a folder of your own on a disk you "
+    "can write to",
+}
 
 
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     from utils.download import store_dir
 
+    out = store_dir() if args.store else Path(args.out_dir)
+    option = "--store" if args.store else "--out-dir"
+    where = f"the model store {out}" if args.store else f"--out-dir {out}"
     try:
         files = import_qwen3(
-            args.path, args.kind, store_dir() if args.store else args.out_dir,
-            tokenizer_only=args.tokenizer_only,
-        )  # fmt: skip
+            args.path, args.kind, out, tokenizer_only=args.tokenizer_only, where=where
+        )
+    except DestinationError as exc:
+        raise UsageError(f"{exc.problem}; {_FIXES[option]}.") from None
     except (OSError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     for path in files:
