@@ -8,9 +8,8 @@ import json
 
 import pytest
 
-import utils.cli.batch as command
 import utils.fast.build as build
-from utils.batch import read_jobs
+from utils.batch import AnswerLog, read_jobs
 from utils.cli import batch_main as main
 from utils.errors import UsageError
 
@@ -95,7 +94,7 @@ def test_fast_rows_are_the_prompts_alone_and_a_stopped_run_resumes(
     assert want[("3", 0)] != want[("3", 1)]  # sampled
     assert len(answers(whole / "a.jsonl")) == 6
     # the same with 4 rows a step, stopped (Ctrl-C) after two answers
-    real = command.AnswerLog.write
+    real = AnswerLog.write
     written = []
 
     def write(self, record):
@@ -104,10 +103,10 @@ def test_fast_rows_are_the_prompts_alone_and_a_stopped_run_resumes(
         written.append(record)
         real(self, record)
 
-    monkeypatch.setattr(command.AnswerLog, "write", write)
+    monkeypatch.setattr(AnswerLog, "write", write)
     assert run_batch(tmp_path, "--fast", "--batch-size", "4") == 130
     assert len(answers(tmp_path / "a.jsonl")) == 2
-    monkeypatch.setattr(command.AnswerLog, "write", real)
+    monkeypatch.setattr(AnswerLog, "write", real)
     assert run_batch(tmp_path, "--fast", "--batch-size", "4") == 0
     got = answers(tmp_path / "a.jsonl")
     assert len(got) == 6 and by_key(got) == want  # no duplicates, same texts

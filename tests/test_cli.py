@@ -474,14 +474,18 @@ def test_chat_fast_ctrl_c_inside_the_first_build_answers_the_next_message(
 
 
 @pytest.mark.slow  # subprocesses that import torch
-@pytest.mark.parametrize("command", ["generate", "chat"])
-def test_sigint_while_torch_is_imported_ends_with_one_line(command):
+@pytest.mark.parametrize("command", ["generate", "chat", "batch"])
+def test_sigint_while_torch_is_imported_ends_with_one_line(command, tmp_path):
     """Ctrl-C in the first seconds, while torch is imported: one line and
     130 (a run that missed it would stop at its bad device, status 2)."""
-    args = ["--prompt", "hi"] if command == "generate" else []
-    rc, out, err = ctrl_c_while_torch_imports(
-        "utils.cli", command, *args, "--device", "tpu9"
-    )
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": 1, "prompt": "hi"}\n', encoding="utf-8")
+    args = {
+        "generate": ["utils.cli", "generate", "--prompt", "hi"],
+        "chat": ["utils.cli", "chat"],
+        "batch": ["utils.batch", str(prompts), "--out", str(tmp_path / "a")],
+    }
+    rc, out, err = ctrl_c_while_torch_imports(*args[command], "--device", "tpu9")
     assert rc == 130, err
     assert err.split() == f"READY qwen3-{command}: interrupted".split()
 

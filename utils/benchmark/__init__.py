@@ -14,8 +14,7 @@ torch's import (seconds) then happens inside the command, where Ctrl-C
 ends it with one line instead of a traceback.
 """
 
-from importlib import import_module
-from typing import Any
+from utils.lazy import lazy_attributes
 
 __all__ = [
     "DEFAULT_PROMPT", "format_table", "main", "measure_read_bandwidth",
@@ -33,9 +32,4 @@ _HOMES = {
 PROG = "python -m utils.benchmark"  # the command's name in its messages
 
 
-def __getattr__(name: str) -> Any:
-    """`name` from the module that defines it (imported on this first ask)."""
-    for module, names in _HOMES.items():
-        if name in names:
-            return getattr(import_module(f"utils.benchmark.{module}"), name)
-    raise AttributeError(f"module 'utils.benchmark' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _HOMES)

@@ -9,8 +9,7 @@ body runs, and torch's import (seconds) then happens inside the command,
 where Ctrl-C ends it with one line instead of a traceback.
 """
 
-from importlib import import_module
-from typing import Any
+from utils.lazy import lazy_attributes
 
 __all__ = [
     "ChatSession",
@@ -34,9 +33,4 @@ _HOMES = {
 }  # fmt: skip
 
 
-def __getattr__(name: str) -> Any:
-    """`name` from the module that defines it (imported on this first ask)."""
-    for module, names in _HOMES.items():
-        if name in names:
-            return getattr(import_module(f"utils.cli.{module}"), name)
-    raise AttributeError(f"module 'utils.cli' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _HOMES)

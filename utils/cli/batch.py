@@ -18,27 +18,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import secrets
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from utils.batch import (
-    AnswerLog,
-    BookEngine,
-    FastEngine,
-    Job,
-    answer_key,
-    pending,
-    read_jobs,
-)
-from utils.cli.commands import STANDIN_TOKENS, load, model_options
+from utils.cli.commands import STANDIN_TOKENS, _import_torch, load, model_options
 from utils.cli.options import add_sampling_options, sampling_from
 from utils.errors import CommandParser, UsageError, require_streams, run_command
 from utils.log import get_logger
+
+if TYPE_CHECKING:  # utils.batch imports torch: a command imports it in its body
+    from utils.batch import AnswerLog, Job
 
 PROG = "qwen3-batch"
 SIZES = (1, 2, 4, 8, 16)  # batch sizes measured for the default
@@ -108,6 +101,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _jobs(args: argparse.Namespace) -> list[Job]:
+    from utils.batch import read_jobs
     from utils.download import standin_enabled
 
     sampling = sampling_from(args)
@@ -120,7 +114,7 @@ def _jobs(args: argparse.Namespace) -> list[Job]:
                 "top_p": sampling.top_p, "seed": args.seed}  # fmt: skip
     jobs = read_jobs(args.prompts, defaults)
     if args.seed is None and any(not job.sampling.greedy for job in jobs):
-        seed = int(torch.randint(0, 2**31 - 1, ()).item())
+        seed = secrets.randbits(31)
         _log.info("sampling with seed %d (pass --seed %d to draw the same again)",
                   seed, seed)  # fmt: skip
         defaults["seed"] = seed
@@ -173,6 +167,9 @@ def _run(argv: Sequence[str] | None) -> int:
     require_streams("stderr")
     args = batch_parser().parse_args(argv)
     _check_args(args)
+    _import_torch()
+    from utils.batch import AnswerLog, pending
+
     jobs = _jobs(args)
     log = AnswerLog(args.out)
     try:
@@ -212,6 +209,8 @@ def _set_threads(threads: int | None) -> None:
 
 
 def _engine(args: argparse.Namespace, run: Any) -> Any:
+    from utils.batch import BookEngine, FastEngine
+
     if args.fast:
         return FastEngine.for_run(run, args.int8)
     _log.info("the book's batched model: a row's tokens can change with the "
@@ -258,6 +257,8 @@ def _decode(args, run, engine, size, todo, ids, log: AnswerLog) -> None:
 
 
 def _say_done(args, log: AnswerLog, todo) -> None:
+    from utils.batch import answer_key
+
     missing = [k for k in (answer_key(j.id, s) for j, s in todo) if k not in log.done]
     assert not missing, missing
     _log.info("%d answers in %s", len(todo), args.out)
