@@ -143,22 +143,24 @@ T512 static void xb_tile_n(const uint16_t *r, const float *const *xr, int mr,
     }
 }
 
-/* rows_exact_512_xb's passes for every row of x (a multi_x): each weight
-   row read from memory once, then met by the rows of x XB_MR at a time */
+/* rows_exact_512_xb's passes for every row of x (a multi_x), in tiles of
+   up to XB_MR rows of x shared out evenly (16 rows as 4 + 4 + 4 + 4): each
+   tile (in L1) meets every weight row of the call, read from L2 */
 T512 void rows_exact_512_mm(const float *xv, const void *wv,
                             const float *unused, void *y, int y_f32, long lo,
                             long hi, long k, long j0, long j1) {
     const multi_x *mx = (const multi_x *)xv;
     const uint16_t *w = (const uint16_t *)wv;
     const size_t esize = y_f32 ? 4 : 2;
+    const long tiles = (mx->m + XB_MR - 1) / XB_MR;
     (void)unused;
-    for (long j = j0; j < j1 && lo + j < hi; ++j) {
-        for (long r0 = 0; r0 < mx->m; r0 += XB_MR) {
-            const int mr = (int)(mx->m - r0 < XB_MR ? mx->m - r0 : XB_MR);
-            const float *xr[XB_MR];
+    for (long t = 0, r0 = 0, mr; t < tiles; ++t, r0 += mr) {
+        mr = mx->m / tiles + (t < mx->m % tiles);
+        const float *xr[XB_MR];
+        for (int q = 0; q < mr; ++q) xr[q] = mx->x + (r0 + q) * mx->ldx;
+        for (long j = j0; j < j1 && lo + j < hi; ++j) {
             float sums[XB_MR];
-            for (int q = 0; q < mr; ++q) xr[q] = mx->x + (r0 + q) * mx->ldx;
-            xb_tile_n(w + (lo + j) * k, xr, mr, k, sums);
+            xb_tile_n(w + (lo + j) * k, xr, (int)mr, k, sums);
             for (int q = 0; q < mr; ++q)
                 store((char *)y + (size_t)((r0 + q) * mx->ldy) * esize, y_f32, lo + j,
                       sums[q]);
