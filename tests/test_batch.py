@@ -162,9 +162,9 @@ def test_the_math500_example_on_the_commands_page_grades_answers(tmp_path):
     """The page's two Python steps, run as printed in a folder holding the
     problems file (`load_math500_test` reads it instead of downloading):
     20 prompts in the book's template, then the book's grade_answer."""
+    import contextlib
+    import io
     import re
-    import subprocess
-    import sys
     from pathlib import Path
 
     page = Path(__file__).resolve().parents[1] / "docs" / "commands.md"
@@ -175,11 +175,13 @@ def test_the_math500_example_on_the_commands_page_grades_answers(tmp_path):
                 for i in range(25)]  # fmt: skip
     (tmp_path / "math500_test.json").write_text(json.dumps(problems), "utf-8")
 
-    def run(code: str) -> str:
-        proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout
+    def run(code: str) -> str:  # in this process (torch is loaded already)
+        with (
+            contextlib.chdir(tmp_path),
+            contextlib.redirect_stdout(io.StringIO()) as out,
+        ):
+            exec(compile(code, "docs/commands.md", "exec"), {"__name__": "__main__"})
+        return out.getvalue()
 
     run(steps[0])
     rows = answers(tmp_path / "math20.jsonl")
