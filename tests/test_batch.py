@@ -158,7 +158,7 @@ def test_options_are_checked_before_any_work(tmp_path, capsys):
     assert not (tmp_path / "a.jsonl").exists()
 
 
-def test_the_math500_example_on_the_commands_page_grades_answers(tmp_path):
+def test_the_math500_example_on_the_commands_page_grades_answers(tmp_path, monkeypatch):
     """The page's two Python steps, run as printed in a folder holding the
     problems file (`load_math500_test` reads it instead of downloading):
     20 prompts in the book's template, then the book's grade_answer."""
@@ -175,11 +175,10 @@ def test_the_math500_example_on_the_commands_page_grades_answers(tmp_path):
                 for i in range(25)]  # fmt: skip
     (tmp_path / "math500_test.json").write_text(json.dumps(problems), "utf-8")
 
+    monkeypatch.chdir(tmp_path)
+
     def run(code: str) -> str:  # in this process (torch is loaded already)
-        with (
-            contextlib.chdir(tmp_path),
-            contextlib.redirect_stdout(io.StringIO()) as out,
-        ):
+        with contextlib.redirect_stdout(io.StringIO()) as out:
             exec(compile(code, "docs/commands.md", "exec"), {"__name__": "__main__"})
         return out.getvalue()
 
