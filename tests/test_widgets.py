@@ -87,12 +87,22 @@ def test_generation_panel_matches_generator(tok, model):
     panel = widgets.generation_panel(model, tok, PROMPT, max_new_tokens=12, plain=False)
     assert isinstance(panel, widgets.GenerationPanel)
     assert panel.stop_button.disabled
+    # Each status line with the Generate button's state when it was shown:
+    # the browser applies the changes in this order, so a final line must
+    # find the buttons already back.
+    shown = []
+    panel.status.observe(
+        lambda change: shown.append((change["new"], panel.generate_button.disabled)),
+        names="value",
+    )
     panel.generate_button.click()
     assert panel.wait(timeout=60)
     assert panel.error is None
     expected = reference_ids(model, tok, PROMPT, 12)
     assert panel.token_ids == expected
     assert panel.status.value.startswith(f"done: {len(expected)} tokens")
+    assert shown[-1] == (panel.status.value, False)
+    assert all(disabled for _, disabled in shown[:-1]), shown
     assert panel.stats["num_tokens"] == len(expected)
     assert panel.generate_button.disabled is False and panel.stop_button.disabled
     # Without the KV cache: same tokens

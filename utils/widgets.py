@@ -357,7 +357,9 @@ class GenerationPanel(_View):
             self._thread.join(timeout)
         return not self.running
 
-    def _show(self, elapsed: float, final: bool = False) -> None:
+    def _show(self, elapsed: float, final: bool = False) -> str:
+        """Show the text so far; the status line for it (set here unless
+        `final`: the last one is set after the buttons are back)."""
         n = len(self.token_ids)
         rate = n / elapsed if elapsed > 0 else 0.0
         self.output.value = (
@@ -366,10 +368,13 @@ class GenerationPanel(_View):
         state = "done" if final else "generating"
         if final and self._stop.is_set():
             state = "stopped"
-        self.status.value = in_language(
+        status = in_language(
             "{state}: {n} tokens, {rate} tokens/sec",
             state=in_language(state), n=n, rate=f"{rate:.1f}",
         )  # fmt: skip
+        if not final:
+            self.status.value = status
+        return status
 
     def _work(self) -> None:
         from utils.errors import first_line
@@ -403,18 +408,20 @@ class GenerationPanel(_View):
                 picker=self.picker(),
             )
             self.stats = result.stats
-            self._show(result.elapsed_s, final=True)
+            status = self._show(result.elapsed_s, final=True)
             if self.stats:
                 gb = self.stats["peak_mem_bytes"] / 1024**3
                 kind = in_language(self.stats["memory_kind"])
-                self.status.value += in_language("; {kind}: {gb} GB", kind=kind,
-                                                 gb=f"{gb:.2f}")  # fmt: skip
+                status += in_language("; {kind}: {gb} GB", kind=kind,
+                                      gb=f"{gb:.2f}")  # fmt: skip
         except Exception as exc:  # shown in the panel; the thread must not die
             self.error = f"{type(exc).__name__}: {exc}"
-            self.status.value = in_language("error: {message}", message=first_line(exc))
+            status = in_language("error: {message}", message=first_line(exc))
         finally:
+            # The buttons first: a final status line means "ready again".
             self.generate_button.disabled = False
             self.stop_button.disabled = True
+        self.status.value = status
 
 
 def generation_panel(
