@@ -340,8 +340,7 @@ class GenerationPanel(_View):
             return None
         self._stop.clear()
         self.token_ids, self.text, self.stats, self.error = [], "", None, None
-        self.generate_button.disabled = True
-        self.stop_button.disabled = False
+        self.generate_button.disabled, self.stop_button.disabled = True, False
         self.status.value = in_language("starting ...")
         self._thread = threading.Thread(target=self._work, daemon=True)
         self._thread.start()
@@ -358,16 +357,14 @@ class GenerationPanel(_View):
         return not self.running
 
     def _show(self, elapsed: float, final: bool = False) -> str:
-        """Show the text so far; the status line for it (set here unless
-        `final`: the last one is set after the buttons are back)."""
+        """Show the text so far; its status line, shown here unless `final`."""
         n = len(self.token_ids)
         rate = n / elapsed if elapsed > 0 else 0.0
         self.output.value = (
             f'<pre style="white-space:pre-wrap;margin:0">{html.escape(self.text)}</pre>'
         )
         state = "done" if final else "generating"
-        if final and self._stop.is_set():
-            state = "stopped"
+        state = "stopped" if final and self._stop.is_set() else state
         status = in_language(
             "{state}: {n} tokens, {rate} tokens/sec",
             state=in_language(state), n=n, rate=f"{rate:.1f}",
@@ -410,18 +407,15 @@ class GenerationPanel(_View):
             self.stats = result.stats
             status = self._show(result.elapsed_s, final=True)
             if self.stats:
-                gb = self.stats["peak_mem_bytes"] / 1024**3
+                gb = f"{self.stats['peak_mem_bytes'] / 1024**3:.2f}"
                 kind = in_language(self.stats["memory_kind"])
-                status += in_language("; {kind}: {gb} GB", kind=kind,
-                                      gb=f"{gb:.2f}")  # fmt: skip
+                status += in_language("; {kind}: {gb} GB", kind=kind, gb=gb)
         except Exception as exc:  # shown in the panel; the thread must not die
             self.error = f"{type(exc).__name__}: {exc}"
             status = in_language("error: {message}", message=first_line(exc))
         finally:
-            # The buttons first: a final status line means "ready again".
-            self.generate_button.disabled = False
-            self.stop_button.disabled = True
-        self.status.value = status
+            self.generate_button.disabled, self.stop_button.disabled = False, True
+        self.status.value = status  # last: a final line means "ready again"
 
 
 def generation_panel(
