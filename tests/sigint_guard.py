@@ -15,6 +15,7 @@ nbval's notebook cells (not functions, no fixtures) are watched too.
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 import pytest
 
@@ -38,3 +39,15 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
         "or the library call it makes changes it",
         pytrace=False,
     )
+
+
+def execute_notebook(client: Any) -> Any:
+    """`client.execute()` (an nbclient `NotebookClient`) with SIGINT's
+    handler kept: nbclient adds an asyncio handler for the run and asyncio's
+    `remove_signal_handler` then installs Python's default one, whatever was
+    there before (an ignored SIGINT, in a suite started in the background)."""
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        return client.execute()
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -131,6 +131,8 @@ def reader(tmp_path, monkeypatch):
 def test_the_guides_commands_leave_notebooks_01_and_02_runnable(reader, tmp_path):
     from nbclient import NotebookClient
 
+    from tests.sigint_guard import execute_notebook
+
     home, store = reader
     with FakeHost() as host:
         for repo, files in official_folders(tmp_path / "official").items():
@@ -159,8 +161,9 @@ def test_the_guides_commands_leave_notebooks_01_and_02_runnable(reader, tmp_path
     folder.mkdir(parents=True)
     shutil.copy(ZH_NOTEBOOKS / "01_tokenizer.ipynb", folder)
     nb = nbformat.read(folder / "01_tokenizer.ipynb", as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(folder)}}).execute()  # fmt: skip
+    where = {"metadata": {"path": str(folder)}}
+    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources=where)
+    execute_notebook(client)
     errors = [o for c in nb.cells for o in c.get("outputs", [])
               if o.output_type == "error"]  # fmt: skip
     assert errors == []

@@ -115,6 +115,8 @@ def test_a_cell_that_ends_with_generate_stats_shows_its_lines_once():
     import nbformat
     from nbclient import NotebookClient
 
+    from tests.sigint_guard import execute_notebook
+
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         nbformat.v4.new_code_cell(
@@ -123,7 +125,7 @@ def test_a_cell_that_ends_with_generate_stats_shows_its_lines_once():
         ),
         nbformat.v4.new_code_cell("_['tokens_per_sec'], len(_)"),
     ]
-    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    execute_notebook(NotebookClient(nb, timeout=120, kernel_name="python3"))
     first, second = (cell.outputs for cell in nb.cells)
     assert [o.output_type for o in first] == ["stream"]
     assert "Time: 2.00 sec\n4 tokens/sec" in first[0].text
