@@ -120,7 +120,7 @@ class BookEngine:
         while True:
             for i in sorted(live):
                 request = group[i]
-                last[i] = _pick(request, out[i : i + 1])
+                last[i] = request.pick(out[i : i + 1])
                 made[i] += last[i] != eos
                 ended = _ended(last[i], eos, made[i], request.max_new_tokens)
                 if last[i] != eos:
@@ -133,12 +133,6 @@ class BookEngine:
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             step = torch.tensor(last, device=self.device).view(-1, 1)
             out = self.model(step, cache=cache, attn_mask=mask)[:, -1]
-
-
-def _pick(request: Any, logits: torch.Tensor) -> int:
-    if request.picker is None:
-        return int(torch.argmax(logits, dim=-1))
-    return int(request.picker(logits))
 
 
 def _ended(token: int, eos: int | None, made: int, most: int) -> str | None:

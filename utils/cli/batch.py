@@ -109,16 +109,14 @@ def _jobs(args: argparse.Namespace) -> list[Job]:
     args.short_answers = args.max_new_tokens is None and standin_enabled()
     if args.max_new_tokens is None:
         args.max_new_tokens = STANDIN_TOKENS if args.short_answers else ANSWER_TOKENS
+    seed = secrets.randbits(31) if args.seed is None else args.seed
     defaults = {"max_new_tokens": args.max_new_tokens, "num_samples": args.num_samples,
                 "temperature": sampling.temperature, "top_k": sampling.top_k,
-                "top_p": sampling.top_p, "seed": args.seed}  # fmt: skip
+                "top_p": sampling.top_p, "seed": seed}  # fmt: skip
     jobs = read_jobs(args.prompts, defaults)
     if args.seed is None and any(not job.sampling.greedy for job in jobs):
-        seed = secrets.randbits(31)
         _log.info("sampling with seed %d (pass --seed %d to draw the same again)",
                   seed, seed)  # fmt: skip
-        defaults["seed"] = seed
-        jobs = read_jobs(args.prompts, defaults)
     return jobs
 
 

@@ -14,7 +14,7 @@ draws alone (its own generator, `utils.sampling`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +23,7 @@ from torch import Tensor
 from utils.fast.model import cache_length_for
 from utils.fast.native import NativeStep
 from utils.fast.steps import FastQwen3, prefill
+from utils.generation import Picker
 
 # New tokens a slot's first cache holds beyond its prompt (then doubled)
 FIRST_NEW = 128
@@ -37,7 +38,16 @@ class Request:
     key: Hashable
     token_ids: list[int]
     max_new_tokens: int
-    picker: Callable[[Tensor], Tensor] | None = None
+    picker: Picker | None = None
+
+    def pick(self, logits: Tensor, greedy_token: int | None = None) -> int:
+        """The next token from the logits (1, vocab): the picker's, or the
+        argmax (`greedy_token` where the step already took it)."""
+        if self.picker is not None:
+            return int(self.picker(logits))
+        if greedy_token is None:
+            return int(torch.argmax(logits, dim=-1))
+        return greedy_token
 
 
 @dataclass(frozen=True)
@@ -62,12 +72,6 @@ class _Row:
 
     def __post_init__(self) -> None:
         self.limit = self.pos + self.request.max_new_tokens - 1
-
-
-def _pick(request: Request, logits: Tensor, greedy_token: int) -> int:
-    if request.picker is None:
-        return greedy_token
-    return int(request.picker(logits))
 
 
 class BatchDecoder:
@@ -134,7 +138,7 @@ class BatchDecoder:
             )
         slots = cache_length_for(n + min(new, FIRST_NEW), context)
         cache, logits = self._prefill(request.token_ids, slots)
-        token = _pick(request, logits, int(torch.argmax(logits, dim=-1)))
+        token = request.pick(logits)
         yield from self._emit(_Row(request, cache, token, n), live)
 
     def _emit(self, row: _Row, live: list[_Row]) -> Iterator[Event]:
@@ -162,7 +166,7 @@ class BatchDecoder:
             [r.cache for r in rows],
         )  # fmt: skip
         for i, row in enumerate(rows):
-            row.token = _pick(row.request, logits[i : i + 1], greedy[i])
+            row.token = row.request.pick(logits[i : i + 1], greedy[i])
             row.pos, row.produced = row.pos + 1, row.produced + 1
             yield from self._emit(row, live)
 

@@ -18,14 +18,10 @@ from torch import Tensor
 
 from utils.fast.model import StaticQwen3, block_forward, greedy_step
 from utils.fast.native import NativeStep, unsupported_reason
-from utils.generation import check_generation_inputs
+from utils.generation import Picker, check_generation_inputs
 from utils.log import get_logger
 
 _log = get_logger(__name__)
-
-
-# picks one sequence's next token (1, 1) from its logits (1, vocab)
-Picker = Callable[[Tensor], Tensor]
 
 
 class DecodeStep(Protocol):
